@@ -1,0 +1,32 @@
+# Two commands set up everything on a fresh machine with Python 3.11 and Java 17:
+#   make demo   installs Herald, runs the embedded broker, a demo subscriber and the delivery job
+#   make test   installs Herald and runs the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test unit demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q -rs
+
+unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+demo: install
+	$(BIN)/herald demo --conf conf
+
+bench: install
+	$(BIN)/python tests/benchmarks/serial_throughput.py
+
+clean:
+	rm -rf $(VENV) .herald build src/*.egg-info .pytest_cache

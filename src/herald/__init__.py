@@ -1,0 +1,3 @@
+"""Herald: push delivery engine (Kafka -> filters -> HTTP) on Spark Structured Streaming."""
+
+__version__ = "0.1.0"

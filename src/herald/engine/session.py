@@ -1,0 +1,65 @@
+"""Building the SparkSession Herald runs in, and probing which optional JVM parts it has.
+
+Under `spark-submit` (or on Databricks) the session and its master come from the platform; `herald run`
+builds a local one from `spark.master` and `spark.conf` in herald.yaml.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOCAL_MASTER = "local[*]"
+
+# Settings that keep a local session quiet and small; any of them can be overridden in herald.yaml.
+_LOCAL_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.streaming.stopTimeout": "60s",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+}
+
+
+def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | None = None, app_name: str = "herald"):
+    """Return the active SparkSession, or build one.
+
+    `master` is used only when no master is configured yet (spark-submit sets one). In local mode Spark's
+    Python workers must run this interpreter, so PYSPARK_PYTHON defaults to `sys.executable` there.
+    """
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    configured_master = SparkConf().get("spark.master", None)
+    effective_master = configured_master or master or DEFAULT_LOCAL_MASTER
+    builder = SparkSession.builder.appName(app_name)
+    if configured_master is None:
+        builder = builder.master(effective_master)
+    settings = dict(_LOCAL_DEFAULTS) if effective_master.startswith("local") else {}
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    if effective_master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def jvm_class_loads(spark, class_name: str) -> bool:
+    """True when `class_name` is on the driver's classpath (False on Spark Connect, where there is no JVM here)."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return False
+    try:
+        jvm.java.lang.Class.forName(class_name, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+        return True
+    except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
+        return False
