@@ -1,0 +1,168 @@
+"""Flow control: a hard rate cap, and an adaptive controller that matches a struggling subscriber.
+
+`RateCap` spaces attempts at least 1/rate seconds apart, so no second holds more than `rate` attempts.
+
+`FlowController` sets the rate below that cap, after Hermes' output rate calculator and NSQ's backoff:
+
+- NORMAL: few failures in a window -> the rate converges towards the cap; more than `slowdown_tolerance`
+  failures -> the rate falls by the convergence factor; failures outnumbering successes -> SLOW.
+- SLOW: the rate is `slow_rate_per_s`; a window of only successes -> NORMAL (converging up from there);
+  failures outnumbering successes -> HEARTBEAT.
+- HEARTBEAT: one attempt at a time, one per `heartbeat_interval_s` ("test the waters"); a window of only
+  successes -> SLOW.
+
+A "failure" is an attempt whose outcome slows the flow (see `outcome.classify`). Results of attempts that
+started before the last slow-down are ignored: one result per backoff window, as NSQ asks.
+The state survives micro-batches: the driver carries `FlowState` from one batch's tasks to the next.
+All durations are seconds, all rates attempts per second.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FlowMode(str, enum.Enum):
+    NORMAL = "NORMAL"
+    SLOW = "SLOW"
+    HEARTBEAT = "HEARTBEAT"
+
+    @property
+    def severity(self) -> int:
+        return {"NORMAL": 0, "SLOW": 1, "HEARTBEAT": 2}[self.value]
+
+
+@dataclass(frozen=True)
+class FlowSettings:
+    """Tuning of the adaptive controller (herald.yaml `rateControl`); the defaults follow Hermes."""
+
+    adjust_interval_s: float = 1.0
+    convergence: float = 0.2
+    speedup_tolerance: float = 0.01
+    slowdown_tolerance: float = 0.05
+    slow_rate_per_s: float = 1.0
+    heartbeat_interval_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class FlowState:
+    """What the controller carries between micro-batches: its mode and rate for the whole subscription."""
+
+    mode: FlowMode = FlowMode.NORMAL
+    rate_per_s: float | None = None  # None: start at the hard cap
+
+    def share(self, tasks: int) -> FlowState:
+        """This state as seen by one of `tasks` tasks that split the subscription's rate evenly."""
+        if self.rate_per_s is None:
+            return self
+        return FlowState(self.mode, self.rate_per_s / tasks)
+
+    @staticmethod
+    def combine(task_states: list[FlowState], fallback: FlowState) -> FlowState:
+        """The subscription's state after a batch: the tasks' rates summed, the most severe mode kept."""
+        if not task_states:
+            return fallback
+        mode = max((state.mode for state in task_states), key=lambda mode: mode.severity)
+        rates = [state.rate_per_s for state in task_states]
+        rate = None if any(value is None for value in rates) else sum(rates)  # type: ignore[arg-type]
+        return FlowState(mode, rate)
+
+
+class RateCap:
+    """Paces permits at least `1 / rate_per_s` seconds apart (no bursts), on an injectable clock."""
+
+    def __init__(self, rate_per_s: float) -> None:
+        self._interval_s = 1.0 / rate_per_s
+        self._next_free = float("-inf")
+
+    def set_rate(self, rate_per_s: float) -> None:
+        self._interval_s = 1.0 / rate_per_s
+
+    def try_acquire(self, now: float) -> float:
+        """Take a permit and return 0.0, or return the seconds to wait before one is free (nothing taken)."""
+        if now < self._next_free:
+            return self._next_free - now
+        self._next_free = now + self._interval_s
+        return 0.0
+
+
+class FlowController:
+    """Adaptive sending rate for one task, never above `max_rate_per_s` (the task's share of `rate`)."""
+
+    def __init__(self, max_rate_per_s: float, settings: FlowSettings, state: FlowState, now: float) -> None:
+        self.max_rate_per_s = max_rate_per_s
+        self.settings = settings
+        self.mode = state.mode
+        initial = state.rate_per_s if state.rate_per_s is not None else max_rate_per_s
+        self._rate = min(max(initial, self._floor()), max_rate_per_s)
+        self._window_start = now
+        self._ignore_before = float("-inf")
+        self._successes = 0
+        self._failures = 0
+
+    @property
+    def rate_per_s(self) -> float:
+        """The rate attempts may be sent at now."""
+        if self.mode is FlowMode.HEARTBEAT:
+            return 1.0 / self.settings.heartbeat_interval_s
+        if self.mode is FlowMode.SLOW:
+            return min(self.settings.slow_rate_per_s, self.max_rate_per_s)
+        return self._rate
+
+    def concurrency(self, inflight: int) -> int:
+        """How many requests may be open at once: one while probing in HEARTBEAT mode."""
+        return 1 if self.mode is FlowMode.HEARTBEAT else inflight
+
+    def state(self) -> FlowState:
+        return FlowState(self.mode, self.rate_per_s if self.mode is FlowMode.NORMAL else self._floor())
+
+    def record(self, slows: bool, started_at: float) -> None:
+        """Count one finished attempt that started at `started_at` (ignored if it began before the last slow-down)."""
+        if started_at < self._ignore_before:
+            return
+        if slows:
+            self._failures += 1
+        else:
+            self._successes += 1
+
+    def adjust(self, now: float) -> bool:
+        """Close the window if it is over and move the rate; True when the rate or mode changed."""
+        if now - self._window_start < self.settings.adjust_interval_s:
+            return False
+        successes, failures = self._successes, self._failures
+        self._window_start, self._successes, self._failures = now, 0, 0
+        if successes + failures == 0:
+            return False
+        before = (self.mode, self._rate)
+        getattr(self, f"_adjust_{self.mode.value.lower()}")(successes, failures)
+        if (self.mode.severity, -self._rate) > (before[0].severity, -before[1]):
+            self._ignore_before = now  # slowed down: earlier attempts' results belong to the old window
+        return (self.mode, self._rate) != before
+
+    def _floor(self) -> float:
+        return min(self.settings.slow_rate_per_s, self.max_rate_per_s)
+
+    def _adjust_normal(self, successes: int, failures: int) -> None:
+        settings = self.settings
+        failure_ratio = failures / (successes + failures)
+        if failures > successes:
+            self.mode = FlowMode.SLOW
+            self._rate = self._floor()
+        elif failure_ratio > settings.slowdown_tolerance:
+            self._rate = max(self._floor(), self._rate * (1 - settings.convergence))
+        elif failure_ratio <= settings.speedup_tolerance:
+            self._rate = self._rate + (self.max_rate_per_s - self._rate) * settings.convergence
+            if self._rate > 0.99 * self.max_rate_per_s:
+                self._rate = self.max_rate_per_s
+
+    def _adjust_slow(self, successes: int, failures: int) -> None:
+        if failures > successes:
+            self.mode = FlowMode.HEARTBEAT
+        elif failures == 0:
+            self.mode = FlowMode.NORMAL
+            self._rate = self._floor()
+
+    def _adjust_heartbeat(self, successes: int, failures: int) -> None:
+        if failures == 0:
+            self.mode = FlowMode.SLOW

@@ -1,0 +1,98 @@
+"""When to try a message again and when to give up: backoff, jitter, inflight TTL and max attempts.
+
+All durations are float seconds. The YAML's mixed units (messageTtl s, messageBackoff ms, ...) are converted
+once, where the config is loaded (`herald.config`), and nowhere else.
+
+Example::
+
+    policy = RetryPolicy(message_ttl_s=60, backoff_s=0.1, backoff_multiplier=2, max_backoff_s=5)
+    step = policy.after_failure(outcome, attempts=1, first_read_at=0.0, previous_backoff_s=None, now=0.2)
+    # Retry(due_at=0.3, backoff_s=0.1) or GiveUp(reason=...)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from herald.delivery.outcome import Outcome
+
+TTL_ELAPSED = "Total timeout elapsed"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Try again at `due_at` (same clock as `now`). `backoff_s` is the un-jittered delay the next one grows from."""
+
+    due_at: float
+    backoff_s: float | None
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Discard the message with this reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Hermes' retry policy plus the `backoffJitter` (RocketMQ) and `maxAttempts` (NSQ) extensions.
+
+    message_ttl_s: inflight TTL, counted from when the message was first read.
+    backoff_s: delay before the first retry; later ones grow by `backoff_multiplier` up to `max_backoff_s`.
+    backoff_jitter: j in [0, 1): the delay is drawn uniformly from [d(1-j), d(1+j)].
+    max_attempts: 0 means no limit.
+    """
+
+    message_ttl_s: float = 3600.0
+    backoff_s: float = 0.1
+    backoff_multiplier: float = 1.0
+    max_backoff_s: float = 600.0
+    backoff_jitter: float = 0.0
+    max_attempts: int = 0
+    retry_client_errors: bool = False
+
+    def next_backoff(self, previous_backoff_s: float | None) -> float:
+        """The un-jittered delay: `backoff_s` first, then previous * multiplier, never above `max_backoff_s`."""
+        if previous_backoff_s is None:
+            return min(self.backoff_s, self.max_backoff_s)
+        return min(previous_backoff_s * self.backoff_multiplier, self.max_backoff_s)
+
+    def jittered(self, backoff_s: float, rng: random.Random) -> float:
+        """`backoff_s` spread uniformly over [d(1-j), d(1+j)] (RocketMQ's formula)."""
+        if self.backoff_jitter <= 0:
+            return backoff_s
+        return rng.uniform(backoff_s * (1 - self.backoff_jitter), backoff_s * (1 + self.backoff_jitter))
+
+    def deadline(self, first_read_at: float) -> float:
+        """The last moment (same clock as `first_read_at`) an attempt may start."""
+        return first_read_at + self.message_ttl_s
+
+    def after_failure(
+        self,
+        outcome: Outcome,
+        attempts: int,
+        first_read_at: float,
+        previous_backoff_s: float | None,
+        now: float,
+        rng: random.Random | None = None,
+    ) -> Retry | GiveUp:
+        """Decide what follows a failed attempt.
+
+        attempts: attempts made so far, including the one that produced `outcome`.
+        A Retry-After delay replaces the backoff formula (and leaves the backoff sequence where it was).
+        A retry is scheduled only if it can start within the TTL; otherwise the message is given up at once.
+        """
+        if not outcome.retry:
+            return GiveUp(outcome.reason)
+        if self.max_attempts and attempts >= self.max_attempts:
+            return GiveUp(f"Max attempts reached ({attempts}); last: {outcome.reason}")
+        if outcome.retry_after_s is not None:
+            delay_s, backoff_s = outcome.retry_after_s, previous_backoff_s
+        else:
+            backoff_s = self.next_backoff(previous_backoff_s)
+            delay_s = self.jittered(backoff_s, rng or random.Random())
+        if now + delay_s > self.deadline(first_read_at):
+            return GiveUp(f"{TTL_ELAPSED}; last: {outcome.reason}")
+        return Retry(due_at=now + delay_s, backoff_s=backoff_s)
