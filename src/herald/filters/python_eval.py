@@ -1,0 +1,226 @@
+"""Filters evaluated in plain Python: the reference semantics, and the fallback for paths Spark cannot express.
+
+Semantics (Hermes' JsonPathPredicate on Jayway, with the choices documented in herald.filters):
+
+- the document is parsed as JSON; text after the first complete JSON value is ignored, as Spark's parser does;
+  anything unparseable selects nothing
+- the path selects a list of values (IR paths with Jayway's rules: `[*]`/`.*` take every array element or
+  object value; missing members, out-of-range indexes and steps into non-containers select nothing)
+- each value becomes a string as Spark renders it with Jackson, which for numbers is Java's `Double.toString`
+  (what Hermes' json-smart gives): strings unquoted, `true`/`false`, integers as written, decimals as Java
+  doubles (`1.50` -> `1.5`, `1e2` -> `100.0`, `0.00001` -> `1.0E-5`), objects and arrays as compact JSON
+- a JSON null is a value that never matches; an empty selection never matches
+- `all`: every value fully matches the matcher; `any`: at least one does
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
+
+from herald.filters.jsonpath import Field, Index, JsonPath, Wildcard, compiled_jsonpath_ng, parse_jsonpath
+from herald.filters.regex import python_pattern
+from herald.filters.rules import FilterRule, validate_basics
+
+
+class _Invalid:
+    def __repr__(self) -> str:
+        return "INVALID"
+
+
+INVALID = _Invalid()
+
+_DECODER = json.JSONDecoder(parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+
+
+def parse_json(text: str | bytes | bytearray | memoryview | None):
+    """The first JSON value in `text` (trailing text ignored, like Spark's Jackson parser), or INVALID."""
+    if text is None:
+        return INVALID
+    if not isinstance(text, str):
+        text = bytes(text).decode("utf-8", errors="replace")
+    text = text.lstrip(" \t\r\n")
+    try:
+        return _DECODER.raw_decode(text)[0]
+    except (ValueError, RecursionError):
+        return INVALID
+
+
+def select(steps: Sequence, document) -> list:
+    """Values the IR steps select from a parsed document (Jayway rules); JSON null appears as None."""
+    current = [document]
+    for step in steps:
+        selected = []
+        if isinstance(step, Field):
+            for value in current:
+                if isinstance(value, dict) and step.name in value:
+                    selected.append(value[step.name])
+        elif isinstance(step, Index):
+            for value in current:
+                if isinstance(value, list) and step.index < len(value):
+                    selected.append(value[step.index])
+        elif isinstance(step, Wildcard):
+            for value in current:
+                if isinstance(value, list):
+                    selected.extend(value)
+                elif isinstance(value, dict):
+                    selected.extend(value.values())
+        else:  # pragma: no cover - the IR has three steps
+            raise TypeError(f"unknown step {step!r}")
+        current = selected
+    return current
+
+
+def select_path(path: JsonPath, document) -> list:
+    """Values `path` selects: the IR evaluator for native paths, jsonpath-ng's ext evaluator for the rest."""
+    if document is INVALID:
+        return []
+    if path.steps is not None:
+        return select(path.steps, document)
+    try:
+        return [match.value for match in compiled_jsonpath_ng(path).find(document)]
+    except Exception:  # noqa: BLE001 - a failing evaluation filters the message, as in Hermes
+        return []
+
+
+def java_double(value: float) -> str:
+    """Java's `Double.toString` (shortest digits): 100.0, 1.5, 1.0E-5, 1.23456789E7, -0.0, Infinity."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    if value == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    sign = "-" if value < 0 else ""
+    decimal = Decimal(repr(abs(value))).normalize()
+    digits = "".join(map(str, decimal.as_tuple().digits))
+    exponent = decimal.as_tuple().exponent  # value = digits * 10**exponent
+    if 1e-3 <= abs(value) < 1e7:
+        if exponent >= 0:
+            return f"{sign}{digits}{'0' * exponent}.0"
+        point = len(digits) + exponent
+        if point > 0:
+            return f"{sign}{digits[:point]}.{digits[point:]}"
+        return f"{sign}0.{'0' * -point}{digits}"
+    scientific = len(digits) + exponent - 1
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{scientific}"
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _quote(text: str) -> str:
+    out = ['"']
+    for char in text:
+        escaped = _ESCAPES.get(char)
+        if escaped is not None:
+            out.append(escaped)
+        elif char < " ":
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
+
+
+def json_text(value) -> str:
+    """Compact JSON as Jackson writes it (no spaces, Java doubles, upper-case \\uXXXX escapes)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _quote(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return java_double(value)
+    if isinstance(value, list):
+        return "[" + ",".join(json_text(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(_quote(str(key)) + ":" + json_text(item) for key, item in value.items()) + "}"
+    return _quote(str(value))
+
+
+def value_text(value) -> str | None:
+    """How a selected value is compared: strings unquoted, everything else as compact JSON; None for JSON null."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return json_text(value)
+
+
+def match_strategy(texts: Sequence[str | None], pattern, strategy: str) -> bool:
+    if not texts:
+        return False
+    if strategy == "any":
+        return any(text is not None and pattern.fullmatch(text) is not None for text in texts)
+    return all(text is not None and pattern.fullmatch(text) is not None for text in texts)
+
+
+def _decode(value) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return bytes(value).decode("utf-8", errors="replace")
+
+
+def _header_items(headers) -> Iterable[tuple[str, object]]:
+    if headers is None:
+        return ()
+    if isinstance(headers, Mapping):
+        return headers.items()
+    items = []
+    for header in headers:
+        if isinstance(header, Mapping):
+            items.append((header.get("key"), header.get("value")))
+        elif hasattr(header, "asDict"):  # pyspark Row
+            items.append((header["key"], header["value"]))
+        else:
+            key, value = header
+            items.append((key, value))
+    return items
+
+
+class PythonRule:
+    """One rule, ready to evaluate row by row in Python."""
+
+    def __init__(self, rule: FilterRule):
+        validate_basics(rule)
+        self.rule = rule
+        self.strategy = rule.strategy
+        self.pattern = python_pattern(rule.matcher)
+        self.path = parse_jsonpath(rule.path) if rule.type == "jsonpath" else None
+
+    def values(self, value, headers=None) -> list[str | None]:
+        """The strings the rule compares (None for JSON null / a null header value)."""
+        if self.rule.type == "header":
+            return [_decode(v) for key, v in _header_items(headers) if key == self.rule.header]
+        return [value_text(v) for v in select_path(self.path, parse_json(value))]
+
+    def __call__(self, value, headers=None) -> bool:
+        return match_strategy(self.values(value, headers), self.pattern, self.strategy)
+
+    def match_values(self, values: Iterable) -> list[bool]:
+        """A batch of message values (bytes, str or None) for a jsonpath rule."""
+        return [self(value) for value in values]
+
+
+@functools.lru_cache(maxsize=256)
+def python_rule(rule: FilterRule) -> PythonRule:
+    return PythonRule(rule)
+
+
+def evaluate_rule(rule: FilterRule, value, headers=None) -> bool:
+    """True when the message (value: JSON as bytes or str; headers: (key, value) pairs) passes the rule."""
+    return python_rule(rule)(value, headers)
+
+
+def evaluate(rules: Sequence[FilterRule], value, headers=None) -> bool:
+    """All rules, AND-ed in declaration order (True when there are none)."""
+    return all(evaluate_rule(rule, value, headers) for rule in rules)
