@@ -52,7 +52,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
-    attempt: int  # 0-based attempt number of this body at this subscriber
+    attempt: int  # 0-based attempt number of this body at this path
 
     @property
     def message_id(self) -> str | None:
@@ -76,10 +76,11 @@ def scripted_reply(request: Received) -> Reply:
 class ScriptedSubscriber:
     def __init__(self, respond: Callable[[Received], Reply] = scripted_reply) -> None:
         self.respond = respond
-        self.requests: list[Received] = []
+        self.requests: list[Received] = []  # in arrival order
+        self._ok: list[bool] = []
         self.peak_concurrency = 0
         self._open = 0
-        self._attempts: dict[bytes, int] = defaultdict(int)
+        self._attempts: dict[tuple[str, bytes], int] = defaultdict(int)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -118,13 +119,16 @@ class ScriptedSubscriber:
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 length = int(self.headers.get("Content-Length", 0))
                 body = self.rfile.read(length)
-                with subscriber._lock:
-                    attempt = subscriber._attempts[body]
-                    subscriber._attempts[body] += 1
+                with subscriber._lock:  # attempts are counted per endpoint path and body
+                    attempt = subscriber._attempts[(self.path, body)]
+                    subscriber._attempts[(self.path, body)] += 1
                     subscriber._open += 1
                     subscriber.peak_concurrency = max(subscriber.peak_concurrency, subscriber._open)
                 request = Received(time.monotonic(), self.path, dict(self.headers.items()), body, attempt)
                 reply = subscriber.respond(request)
+                with subscriber._lock:  # recorded before answering: once Herald has its answer, the test sees it
+                    subscriber.requests.append(request)
+                    subscriber._ok.append(200 <= reply.status < 300)
                 try:
                     if reply.delay_ms:
                         time.sleep(reply.delay_ms / 1000)
@@ -148,8 +152,5 @@ class ScriptedSubscriber:
                 finally:
                     with subscriber._lock:
                         subscriber._open -= 1
-                        subscriber.requests.append(request)
-                        subscriber._ok.append(200 <= reply.status < 300)
 
-        self._ok: list[bool] = []
         return Handler

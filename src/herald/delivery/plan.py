@@ -25,7 +25,7 @@ class DeliveryPlan:
 
     subscription_id: str
     url: str
-    headers: dict[str, str]
+    headers: dict[str, str] = field(repr=False)  # carries Authorization: never printed
     retry: RetryPolicy
     inflight: int
     rate_per_s: float

@@ -79,7 +79,7 @@ class PartitionSender:
                 if flow.adjust(now):
                     cap.set_rate(flow.rate_per_s)
                 if not exhausted:
-                    exhausted = self._admit(source, now)
+                    exhausted = self._admit(source)
                 wait_s = self._dispatch(workers, flow, cap, now)
                 if exhausted and self._in_flight == 0:
                     break
@@ -90,13 +90,17 @@ class PartitionSender:
         return self.report
 
     # -- 1. reading ---------------------------------------------------------------------------------------
-    def _admit(self, source, now: float) -> bool:
-        """Take records while there is room in flight; True when the input is exhausted."""
+    def _admit(self, source) -> bool:
+        """Take records while there is room in flight; True when the input is exhausted.
+
+        Each record's TTL starts when it is taken: reading the input may block while Spark fetches more.
+        """
         counters = self.report.counters
         while self._in_flight < self.plan.inflight:
             record = next(source, None)
             if record is None:
                 return True
+            now = self.clock()
             counters.read += 1
             self.report.saw(record.topic, record.partition, record.offset)
             if not record.matched:

@@ -7,8 +7,8 @@ Redirects are never followed (a 3xx is an answer to classify). Timeouts:
   by it, and the body is read only while it has not passed.
 - socket_timeout_s (0 = none) is an idle limit: no single read may wait longer.
 
-Sessions and their connection pools are per worker thread and are created after unpickling, so an
-`HttpTransport` crosses the driver/executor boundary as plain configuration.
+Connection pools are per worker thread and are created after unpickling, so an `HttpTransport` crosses the
+driver/executor boundary as plain configuration.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from herald import __version__
 from herald.delivery.outcome import FailureKind, TransportFailure
 
 _MAX_BODY_BYTES = 64 * 1024  # answer bodies are read (to keep the connection reusable) up to this size
@@ -33,13 +34,18 @@ class HttpAnswer:
 
 
 class HttpTransport:
-    """POST bodies to a URL; one keep-alive session per calling thread."""
+    """POST bodies to a URL; one keep-alive connection pool per calling thread.
+
+    Requests go straight to requests' HTTPAdapter (no Session: no redirects, cookies, proxies or netrc taken
+    from the environment), built from a request prepared once per URL and copied per attempt.
+    """
 
     def __init__(self, request_timeout_s: float, socket_timeout_s: float = 0.0) -> None:
         self.request_timeout_s = request_timeout_s
         self.socket_timeout_s = socket_timeout_s
         self._local = threading.local()
-        self._sessions: list[requests.Session] = []
+        self._adapters: list[HTTPAdapter] = []
+        self._templates: dict[str, requests.PreparedRequest] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -48,18 +54,25 @@ class HttpTransport:
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = requests.Session()
-            session.trust_env = False  # no proxies or .netrc credentials picked up behind the user's back
+    def _adapter(self) -> HTTPAdapter:
+        adapter = getattr(self._local, "adapter", None)
+        if adapter is None:
             adapter = HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            self._local.session = session
+            self._local.adapter = adapter
             with self._lock:
-                self._sessions.append(session)
-        return session
+                self._adapters.append(adapter)
+        return adapter
+
+    def _prepared(self, url: str, body: bytes, headers: dict[str, str]) -> requests.PreparedRequest:
+        template = self._templates.get(url)
+        if template is None:
+            template = requests.Request("POST", url, headers={"User-Agent": f"Herald/{__version__}"}).prepare()
+            self._templates[url] = template
+        request = template.copy()
+        request.headers.update(headers)
+        request.headers["Content-Length"] = str(len(body))
+        request.body = body
+        return request
 
     def _read_timeout_s(self, remaining_s: float) -> float:
         if self.socket_timeout_s > 0:
@@ -71,13 +84,10 @@ class HttpTransport:
         started = time.monotonic()
         deadline = started + self.request_timeout_s
         try:
-            response = self._session().post(
-                url,
-                data=body,
-                headers=headers,
-                timeout=(self.request_timeout_s, self._read_timeout_s(self.request_timeout_s)),
-                allow_redirects=False,
+            response = self._adapter().send(
+                self._prepared(url, body, headers),
                 stream=True,
+                timeout=(self.request_timeout_s, self._read_timeout_s(self.request_timeout_s)),
             )
         except requests.exceptions.Timeout as error:
             return self._timeout(started, error)
@@ -120,9 +130,9 @@ class HttpTransport:
 
     def close(self) -> None:
         with self._lock:
-            sessions, self._sessions = self._sessions, []
-        for session in sessions:
-            session.close()
+            adapters, self._adapters = self._adapters, []
+        for adapter in adapters:
+            adapter.close()
 
 
 def _socket_of(response: requests.Response):
