@@ -1,0 +1,257 @@
+"""The YAML files' schema, with Hermes' field names, defaults and limits (DESIGN.md §4), in one place.
+
+Models are frozen; unknown keys are errors. Units are as in the YAML (Hermes mixes s and ms); the methods
+that hand values to the delivery code (`Subscription.retry_policy`, ...) convert them to seconds, once.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from herald.delivery.flow import FlowSettings
+from herald.delivery.policy import RetryPolicy
+from herald.endpoint import Endpoint
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.[A-Za-z0-9_-]+$")
+SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- herald.yaml ----------------------------------------------------------------------------------------------
+class KafkaSettings(Strict):
+    bootstrapServers: str
+    connector: Literal["auto", "spark", "python"] = "auto"
+    cluster: str = "primary"  # stored in undelivered rows, as Hermes names its data centre
+    properties: dict[str, str] = Field(default_factory=dict)  # client properties; may hold secrets: never logged
+
+
+class StorageSettings(Strict):
+    path: str
+    engine: Literal["auto", "spark", "deltalake"] = "auto"
+    options: dict[str, str] = Field(default_factory=dict)  # object-store options for deltalake; never logged
+
+
+class StreamingSettings(Strict):
+    triggerInterval: str = "1 second"
+    maxOffsetsPerTrigger: Annotated[int, Field(ge=1)] | None = 10000
+
+
+class SparkSettings(Strict):
+    master: str | None = None  # used only when nothing (spark-submit, Databricks) has set one
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class RateControlSettings(Strict):
+    """Tuning of the adaptive rate controller (herald.delivery.flow); defaults follow Hermes."""
+
+    adjustIntervalMs: Annotated[int, Field(ge=100, le=600_000)] = 1000
+    convergenceFactor: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    speedUpToleranceRatio: Annotated[float, Field(ge=0, le=1)] = 0.01
+    slowDownToleranceRatio: Annotated[float, Field(ge=0, le=1)] = 0.05
+    slowRate: Annotated[float, Field(gt=0)] = 1.0
+    heartbeatIntervalMs: Annotated[int, Field(ge=10, le=3_600_000)] = 60_000
+
+    def flow_settings(self) -> FlowSettings:
+        return FlowSettings(
+            adjust_interval_s=self.adjustIntervalMs / 1000,
+            convergence=self.convergenceFactor,
+            speedup_tolerance=self.speedUpToleranceRatio,
+            slowdown_tolerance=self.slowDownToleranceRatio,
+            slow_rate_per_s=self.slowRate,
+            heartbeat_interval_s=self.heartbeatIntervalMs / 1000,
+        )
+
+
+class HeraldSettings(Strict):
+    kafka: KafkaSettings
+    storage: StorageSettings
+    streaming: StreamingSettings = StreamingSettings()
+    spark: SparkSettings = SparkSettings()
+    rateControl: RateControlSettings = RateControlSettings()
+
+
+# -- topics/*.yaml --------------------------------------------------------------------------------------------
+class ContentType(str, Enum):
+    JSON = "JSON"
+    AVRO = "AVRO"
+
+
+class Owner(Strict):
+    source: str = "Plaintext"
+    id: str
+
+
+class Topic(Strict):
+    name: str
+    contentType: ContentType = ContentType.JSON
+    kafkaTopic: str | None = None
+    description: str = ""
+    owner: Owner | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _qualified(cls, value: str) -> str:
+        if not TOPIC_NAME.match(value):
+            raise ValueError("must be a qualified name 'group.topic' of letters, digits, '.', '_' and '-'")
+        return value
+
+    @property
+    def kafka_topic(self) -> str:
+        return self.kafkaTopic or self.name
+
+
+# -- subscriptions/*.yaml -------------------------------------------------------------------------------------
+class Header(Strict):
+    name: str
+    value: str
+
+    @field_validator("name")
+    @classmethod
+    def _token(cls, value: str) -> str:
+        if not HEADER_NAME.match(value):
+            raise ValueError("must be an HTTP header name (letters, digits and !#$%&'*+.^_`|~-)")
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _single_line(cls, value: str) -> str:
+        if "\r" in value or "\n" in value:
+            raise ValueError("must not contain CR or LF")
+        return value
+
+
+class Filter(Strict):
+    """A Hermes message filter; its path and matcher are checked here so one pass reports every problem."""
+
+    type: Literal["jsonpath", "avropath", "header"]
+    matcher: str
+    path: str | None = Field(None, validate_default=True)
+    header: str | None = Field(None, validate_default=True)
+    matchingStrategy: str = "all"
+
+    @field_validator("path")
+    @classmethod
+    def _path_required(cls, value: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("type")
+        if kind in ("jsonpath", "avropath") and not value:
+            raise ValueError(f"required for a {kind} filter")
+        return value
+
+    @field_validator("header")
+    @classmethod
+    def _header_required(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("type") == "header" and not value:
+            raise ValueError("required for a header filter")
+        return value
+
+    @field_validator("matchingStrategy")
+    @classmethod
+    def _strategy(cls, value: str) -> str:
+        if value.lower() not in ("all", "any"):
+            raise ValueError("must be 'all' or 'any'")
+        return value.lower()
+
+    @model_validator(mode="after")
+    def _valid_rule(self) -> Filter:
+        from herald.filters import FilterError, check_rule
+
+        try:
+            check_rule(self.rule())
+        except FilterError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+    def rule(self):
+        """This filter as a `herald.filters.FilterRule` (what the compiler takes)."""
+        from herald.filters import FilterRule
+
+        return FilterRule(type=self.type, matcher=self.matcher, path=self.path, header=self.header,
+                          matching_strategy=self.matchingStrategy)
+
+
+class SerialPolicy(Strict):
+    """Hermes' serial subscriptionPolicy plus backoffJitter (RocketMQ) and maxAttempts (NSQ); units as named."""
+
+    rate: Annotated[float, Field(ge=1)] = 400  # messages per second
+    messageTtl: Annotated[int, Field(ge=0, le=7200)] = 3600  # seconds
+    messageBackoff: Annotated[int, Field(ge=0)] = 100  # milliseconds
+    backoffMultiplier: Annotated[float, Field(ge=1, le=10)] = 1.0
+    backoffMaxIntervalInSec: Annotated[int, Field(ge=1, le=600)] = 600  # seconds
+    backoffJitter: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    maxAttempts: Annotated[int, Field(ge=0)] = 0  # 0 = no limit
+    retryClientErrors: bool = False
+    requestTimeout: Annotated[int, Field(ge=100, le=300_000)] = 1000  # milliseconds
+    socketTimeout: Annotated[int, Field(ge=0, le=300_000)] = 0  # milliseconds, 0 = none
+    inflightSize: Annotated[int, Field(ge=1, le=10_000)] = 100
+    sendingDelay: Annotated[int, Field(ge=0, le=5000)] = 0  # milliseconds
+
+
+class Subscription(Strict):
+    topicName: str
+    name: str
+    endpoint: str
+    description: str = ""
+    owner: Owner | None = None
+    contact: str | None = None
+    state: Literal["ACTIVE", "SUSPENDED"] = "ACTIVE"
+    contentType: ContentType = ContentType.JSON
+    deliveryType: Literal["SERIAL", "BATCH"] = "SERIAL"
+    mode: Literal["ANYCAST", "BROADCAST"] = "ANYCAST"
+    trackingMode: Literal["trackingOff", "trackingAll", "discardedOnly"] = "trackingOff"
+    subscriptionIdentityHeadersEnabled: bool = False
+    headers: list[Header] = Field(default_factory=list)
+    filters: list[Filter] = Field(default_factory=list)
+    subscriptionPolicy: SerialPolicy = SerialPolicy()
+    endpointAddressResolverMetadata: dict = Field(default_factory=dict)  # accepted; the default resolver ignores it
+    startingOffsets: Literal["latest", "earliest"] = "latest"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not SUBSCRIPTION_NAME.match(value):
+            raise ValueError("must contain only letters, digits, '-' and '_'")
+        return value
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        Endpoint.parse(value)  # raises ValueError with the URL masked
+        return value
+
+    @property
+    def id(self) -> str:
+        """`group.topic.name`: the subscription's id everywhere (tables, CLI, checkpoints)."""
+        return f"{self.topicName}.{self.name}"
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+    @property
+    def target(self) -> Endpoint:
+        return Endpoint.parse(self.endpoint)
+
+    def retry_policy(self) -> RetryPolicy:
+        policy = self.subscriptionPolicy
+        return RetryPolicy(
+            message_ttl_s=float(policy.messageTtl),
+            backoff_s=policy.messageBackoff / 1000,
+            backoff_multiplier=policy.backoffMultiplier,
+            max_backoff_s=float(policy.backoffMaxIntervalInSec),
+            backoff_jitter=policy.backoffJitter,
+            max_attempts=policy.maxAttempts,
+            retry_client_errors=policy.retryClientErrors,
+        )
+
+    def __repr__(self) -> str:  # never show the endpoint's password
+        return f"Subscription({self.id!r}, endpoint={self.target.masked!r}, state={self.state})"
+
+    __str__ = __repr__

@@ -1,0 +1,181 @@
+"""Loading and validating a conf directory: defaults, units, and every problem named by file and key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from herald.config import ConfigError, load_config
+
+SETTINGS = """
+kafka:
+  bootstrapServers: 127.0.0.1:9092
+storage:
+  path: ../state
+"""
+TOPIC = """
+name: shop.orders
+contentType: JSON
+"""
+SUBSCRIPTION = """
+topicName: shop.orders
+name: billing
+endpoint: http://127.0.0.1:8080/orders
+description: orders for billing
+owner: {source: Plaintext, id: Billing}
+"""
+
+
+def write_conf(root: Path, settings: str = SETTINGS, topics: dict | None = None, subscriptions: dict | None = None) -> Path:
+    conf = root / "conf"
+    (conf / "topics").mkdir(parents=True)
+    (conf / "subscriptions").mkdir()
+    (conf / "herald.yaml").write_text(textwrap.dedent(settings))
+    for name, text in (topics if topics is not None else {"orders": TOPIC}).items():
+        (conf / "topics" / f"{name}.yaml").write_text(textwrap.dedent(text))
+    for name, text in (subscriptions if subscriptions is not None else {"billing": SUBSCRIPTION}).items():
+        (conf / "subscriptions" / f"{name}.yaml").write_text(textwrap.dedent(text))
+    return conf
+
+
+def problems_of(conf: Path) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(conf)
+    return [str(problem) for problem in caught.value.problems]
+
+
+def test_minimal_conf_gets_hermes_defaults(tmp_path):
+    config = load_config(write_conf(tmp_path))
+    subscription = config.subscription("shop.orders.billing")
+    policy = subscription.subscriptionPolicy
+    assert (policy.rate, policy.messageTtl, policy.messageBackoff, policy.backoffMultiplier) == (400, 3600, 100, 1)
+    assert (policy.backoffMaxIntervalInSec, policy.requestTimeout, policy.socketTimeout) == (600, 1000, 0)
+    assert (policy.inflightSize, policy.sendingDelay, policy.retryClientErrors) == (100, 0, False)
+    assert subscription.state == "ACTIVE" and subscription.startingOffsets == "latest"
+    assert config.settings.kafka.connector == "auto" and config.settings.storage.engine == "auto"
+    assert config.storage_path == str((tmp_path / "state").resolve())
+
+
+def test_units_are_converted_to_seconds_once():
+    from herald.config.model import SerialPolicy, Subscription
+
+    subscription = Subscription(topicName="a.b", name="c", endpoint="http://h/", subscriptionPolicy=SerialPolicy(
+        messageTtl=60, messageBackoff=250, backoffMaxIntervalInSec=30, backoffMultiplier=2, maxAttempts=5))
+    policy = subscription.retry_policy()
+    assert (policy.message_ttl_s, policy.backoff_s, policy.max_backoff_s) == (60.0, 0.25, 30.0)
+    assert (policy.backoff_multiplier, policy.max_attempts) == (2, 5)
+
+
+def test_every_problem_is_reported_with_file_and_key(tmp_path):
+    bad = SUBSCRIPTION + textwrap.dedent("""
+        colour: blue
+        subscriptionPolicy:
+          rate: 0
+          messageTtl: 7201
+          backoffMultiplier: 11
+          backoffMaxIntervalInSec: 601
+          requestTimeout: 50
+          sendingDelay: 6000
+          inflightSize: 0
+        headers:
+          - {name: X-Ok, value: "a\\r\\nInjected: 1"}
+        """)
+    problems = problems_of(write_conf(tmp_path, subscriptions={"billing": bad}))
+    file = "conf/subscriptions/billing.yaml"
+    expected = {
+        f"{file}: colour: unknown key",
+        f"{file}: subscriptionPolicy.rate: must be >= 1 (got 0)",
+        f"{file}: subscriptionPolicy.messageTtl: must be <= 7200 (got 7201)",
+        f"{file}: subscriptionPolicy.backoffMultiplier: must be <= 10 (got 11)",
+        f"{file}: subscriptionPolicy.backoffMaxIntervalInSec: must be <= 600 (got 601)",
+        f"{file}: subscriptionPolicy.requestTimeout: must be >= 100 (got 50)",
+        f"{file}: subscriptionPolicy.sendingDelay: must be <= 5000 (got 6000)",
+        f"{file}: subscriptionPolicy.inflightSize: must be >= 1 (got 0)",
+        f"{file}: headers[0].value: must not contain CR or LF",
+    }
+    assert expected <= set(problems), problems
+
+
+def test_topic_must_be_defined_and_names_must_be_valid(tmp_path):
+    other = SUBSCRIPTION.replace("shop.orders", "shop.missing").replace("billing", "bad name!")
+    problems = problems_of(write_conf(tmp_path, subscriptions={"other": other}))
+    assert any("subscriptions/other.yaml: name: must contain only letters" in p for p in problems), problems
+
+
+def test_undefined_topic(tmp_path):
+    problems = problems_of(write_conf(tmp_path, subscriptions={"x": SUBSCRIPTION.replace("shop.orders", "shop.none")}))
+    assert problems == ["conf/subscriptions/x.yaml: topicName: topic shop.none is not defined in topics/ "
+                        "(defined: shop.orders)"]
+
+
+def test_bad_url_is_reported_without_its_password(tmp_path):
+    bad = SUBSCRIPTION.replace("http://127.0.0.1:8080/orders", "ftp://user:topsecret@host/x")
+    problems = problems_of(write_conf(tmp_path, subscriptions={"billing": bad}))
+    assert len(problems) == 1 and "endpoint: not an http(s) URL" in problems[0]
+    assert "topsecret" not in problems[0] and "*****" in problems[0]
+
+
+def test_bad_filters(tmp_path):
+    bad = SUBSCRIPTION + textwrap.dedent("""
+        filters:
+          - {type: jsonpath, path: "$.a", matcher: "(unclosed"}
+          - {type: jsonpath, path: "$.[", matcher: "x"}
+          - {type: jsonpath, matcher: "x"}
+          - {type: header, matcher: "x"}
+          - {type: jsonpath, path: "$.a", matcher: "x", matchingStrategy: some}
+        """)
+    problems = problems_of(write_conf(tmp_path, subscriptions={"billing": bad}))
+    joined = "\n".join(problems)
+    assert "filters[0]" in joined and "filters[1]" in joined
+    assert "filters[2].path: required for a jsonpath filter" in joined
+    assert "filters[3].header: required for a header filter" in joined
+    assert "filters[4].matchingStrategy: must be 'all' or 'any'" in joined
+
+
+def test_environment_substitution(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERALD_TEST_KAFKA", "kafka:9093")
+    settings = SETTINGS.replace("127.0.0.1:9092", "${env:HERALD_TEST_KAFKA}").replace("../state", "${env:HERALD_NOPE:-/tmp/x}")
+    config = load_config(write_conf(tmp_path, settings=settings))
+    assert config.settings.kafka.bootstrapServers == "kafka:9093" and config.storage_path == "/tmp/x"
+
+
+def test_missing_environment_variable(tmp_path):
+    settings = SETTINGS.replace("127.0.0.1:9092", "${env:HERALD_SURELY_UNSET}")
+    assert problems_of(write_conf(tmp_path, settings=settings)) == [
+        "conf/herald.yaml: kafka.bootstrapServers: environment variable HERALD_SURELY_UNSET is not set"]
+
+
+def test_invalid_yaml_and_missing_settings(tmp_path):
+    conf = write_conf(tmp_path, subscriptions={"broken": "topicName: [unclosed\n"})
+    (conf / "herald.yaml").unlink()
+    problems = problems_of(conf)
+    assert "conf/herald.yaml: file not found" in problems
+    assert any(p.startswith("conf/subscriptions/broken.yaml: invalid YAML at line") for p in problems)
+
+
+def test_duplicate_subscription(tmp_path):
+    problems = problems_of(write_conf(tmp_path, subscriptions={"a": SUBSCRIPTION, "b": SUBSCRIPTION}))
+    assert problems == ["conf/subscriptions/b.yaml: name: subscription shop.orders.billing is also defined in "
+                        "conf/subscriptions/a.yaml"]
+
+
+def test_features_of_later_issues_are_refused_clearly(tmp_path):
+    later = SUBSCRIPTION + "deliveryType: BATCH\nmode: BROADCAST\n"
+    problems = problems_of(write_conf(tmp_path, subscriptions={"billing": later}))
+    assert "conf/subscriptions/billing.yaml: deliveryType: BATCH is not supported yet (only SERIAL)" in problems
+    assert "conf/subscriptions/billing.yaml: mode: BROADCAST is not supported yet (only ANYCAST)" in problems
+
+
+def test_suspended_subscriptions_are_not_active(tmp_path):
+    config = load_config(write_conf(tmp_path, subscriptions={"billing": SUBSCRIPTION + "state: SUSPENDED\n"}))
+    assert config.active_subscriptions() == []
+    with pytest.raises(KeyError, match="known: shop.orders.billing"):
+        config.subscription("shop.orders.nope")
+
+
+def test_repr_never_shows_the_password(tmp_path):
+    secret = SUBSCRIPTION.replace("http://127.0.0.1", "http://u:hunter2@127.0.0.1")
+    subscription = load_config(write_conf(tmp_path, subscriptions={"billing": secret})).subscriptions[0]
+    assert "hunter2" not in repr(subscription) and "hunter2" not in str(subscription)
