@@ -18,6 +18,7 @@ DEFAULT_LOCAL_MASTER = "local[*]"
 # Settings that keep a local session quiet and small; any of them can be overridden in herald.yaml.
 _LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.streaming.stopTimeout": "60s",

@@ -42,6 +42,10 @@ def open_kafka_stream(
 ):
     """A streaming DataFrame of `kafka_topic`; `starting_offsets` is 'earliest', 'latest' or Spark's JSON."""
     reader = spark.readStream.format("kafka" if connector == "spark" else PYTHON_SOURCE_NAME)
+    if connector == "python":
+        from herald.source.python_kafka import kafka_schema
+
+        reader = reader.schema(kafka_schema())  # saves Spark a Python process to ask the source for it
     reader = reader.option("kafka.bootstrap.servers", bootstrap_servers)
     for key, value in client_properties.items():
         reader = reader.option(f"kafka.{key}", value)

@@ -1,0 +1,60 @@
+"""Building a conf directory for tests and producing messages to the embedded broker."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Producer
+
+
+def write_conf(
+    root: Path,
+    bootstrap_servers: str,
+    topic: str,
+    subscriptions: dict[str, dict],
+    settings: dict | None = None,
+) -> Path:
+    """A conf directory with one JSON topic and the given subscriptions (name -> YAML fields)."""
+    conf = root / "conf"
+    (conf / "topics").mkdir(parents=True, exist_ok=True)
+    (conf / "subscriptions").mkdir(exist_ok=True)
+    herald = {
+        "kafka": {"bootstrapServers": bootstrap_servers, "connector": "auto", "cluster": "test"},
+        "storage": {"path": str(root / "storage")},
+        "streaming": {"triggerInterval": "200 milliseconds", "maxOffsetsPerTrigger": 1000},
+        "rateControl": {"adjustIntervalMs": 500, "slowRate": 20, "heartbeatIntervalMs": 2000},
+    }
+    for key, value in (settings or {}).items():
+        herald[key] = {**herald.get(key, {}), **value}
+    (conf / "herald.yaml").write_text(yaml.safe_dump(herald))
+    (conf / "topics" / f"{topic}.yaml").write_text(textwrap.dedent(f"name: {topic}\ncontentType: JSON\n"))
+    for name, fields in subscriptions.items():
+        document = {"topicName": topic, "name": name, "startingOffsets": "earliest", **fields}
+        (conf / "subscriptions" / f"{name}.yaml").write_text(yaml.safe_dump(document))
+    return conf
+
+
+def produce(bootstrap_servers: str, topic: str, documents: list[dict], key_field: str | None = None,
+            headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Produce JSON documents (recent timestamps: the broker drops records older than its retention)."""
+    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    errors: list = []
+    for document in documents:
+        key = str(document[key_field]).encode() if key_field else None
+        producer.produce(topic, value=json.dumps(document).encode(), key=key, headers=headers,
+                         on_delivery=lambda error, _: errors.append(error) if error else None)
+    producer.flush(30)
+    assert not errors, errors
+
+
+def wait_until(condition, timeout_s: float = 30.0, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return False
