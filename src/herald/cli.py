@@ -1,0 +1,248 @@
+"""The `herald` command: run, validate, read the tables, manage the local broker, publish, demo.
+
+Commands that only read tables (undelivered, metrics, offsets) or validate never start Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from herald import logs
+from herald.config import ConfigError, HeraldConfig, load_config
+
+
+def _load(conf: str) -> HeraldConfig:
+    try:
+        return load_config(Path(conf))
+    except ConfigError as error:
+        print(f"invalid configuration in {conf}:", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _subscription(config: HeraldConfig, subscription_id: str):
+    try:
+        return config.subscription(subscription_id)
+    except KeyError as error:
+        print(error.args[0], file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_validate(args) -> int:
+    config = _load(args.conf)
+    for note in config.notes:
+        print(f"note: {note}")
+    active = sum(1 for s in config.subscriptions if s.active)
+    print(f"{args.conf}: valid: {len(config.topics)} topic(s), {len(config.subscriptions)} subscription(s) "
+          f"({active} ACTIVE)")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from herald.engine.runner import Runner
+
+    config = _load(args.conf)
+    for subscription_id in args.subscription or []:
+        _subscription(config, subscription_id)
+    return Runner(config, only=args.subscription).run(once=args.once)
+
+
+def _print_rows(rows: list[dict], columns: list[str]) -> None:
+    if not rows:
+        return
+    widths = {c: max(len(c), *(len(str(row.get(c, ""))) for row in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+def cmd_undelivered(args) -> int:
+    from herald.readout import undelivered
+
+    config = _load(args.conf)
+    subscription = _subscription(config, args.id)
+    rows = undelivered(config, subscription, 1 if args.last else args.limit)
+    if args.json:
+        print(json.dumps(rows[0] if args.last and rows else rows, indent=2))
+        return 0 if rows or not args.last else 1
+    if not rows:
+        print(f"{subscription.id}: no undelivered messages")
+        return 0
+    for row in rows:
+        print(f"{row['timestamp']}  {row['topicName']}[{row['partition']}]@{row['offset']}  {row['status']}  "
+              f"attempts={row['attempts']}  {row['reason']}")
+        print(f"    {row['message']}")
+    return 0
+
+
+def cmd_metrics(args) -> int:
+    from herald.readout import metrics
+
+    config = _load(args.conf)
+    result = metrics(config, _subscription(config, args.id))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for key, value in result.items():
+            print(f"{key:>12}  {value}")
+    return 0
+
+
+def cmd_offsets(args) -> int:
+    from herald.readout import offsets
+
+    config = _load(args.conf)
+    rows = offsets(config, _subscription(config, args.id))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif rows:
+        _print_rows(rows, ["topic", "partition", "offset", "batchId", "committedAt"])
+    else:
+        print(f"{args.id}: no offsets yet (the subscription has not run)")
+    return 0
+
+
+def _broker_for(args):
+    from herald.broker import DEFAULT_PORT, EmbeddedBroker
+
+    port = args.port
+    if port is None and args.conf and Path(args.conf, "herald.yaml").exists():
+        servers = _load(args.conf).settings.kafka.bootstrapServers.split(",")[0]
+        port = int(servers.rsplit(":", 1)[1]) if ":" in servers else DEFAULT_PORT
+    return EmbeddedBroker(Path(args.data_dir), port=port or DEFAULT_PORT)
+
+
+def cmd_broker(args) -> int:
+    from herald.broker import BrokerError
+
+    broker = _broker_for(args)
+    try:
+        if args.action == "up":
+            broker.up()
+            if args.conf and Path(args.conf, "herald.yaml").exists():
+                config = _load(args.conf)
+                broker.create_topics({topic.kafka_topic: args.partitions for topic in config.topics.values()})
+            print(f"embedded broker up on {broker.bootstrap_servers} (data in {broker.data_dir})")
+        elif args.action == "down":
+            broker.down()
+            print(f"embedded broker on {broker.bootstrap_servers} stopped")
+        else:
+            print(broker.status())
+    except BrokerError as error:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from herald.publish import publish
+
+    config = _load(args.conf)
+    topic = config.topics.get(args.topic)
+    if topic is None:
+        print(f"topic {args.topic} is not defined in {args.conf}/topics (defined: {', '.join(sorted(config.topics))})",
+              file=sys.stderr)
+        return 2
+    lines: list[str] = list(args.message or [])
+    if args.file:
+        lines.extend(Path(args.file).read_text(encoding="utf-8").splitlines())
+    if not lines:
+        lines = sys.stdin.read().splitlines()
+    kafka = config.settings.kafka
+    result = publish(kafka.bootstrapServers, topic.kafka_topic, lines, kafka.properties, retries=args.retries,
+                     message_timeout_s=args.timeout)
+    for number, why in result.rejected:
+        print(f"message {number} rejected: {why}", file=sys.stderr)
+    for number, why in result.failed:
+        print(f"message {number} NOT published after {args.retries} retries: {why}", file=sys.stderr)
+    print(f"published {result.sent} message(s) to {topic.kafka_topic}")
+    return 0 if not result.rejected and not result.failed else 1
+
+
+def cmd_state(args) -> int:
+    """suspend / activate: set `state:` in the subscription's YAML file, keeping the rest of the file as it is."""
+    import re
+
+    config = _load(args.conf)
+    subscription = _subscription(config, args.id)
+    path = config.files[subscription.id]
+    state = "SUSPENDED" if args.command == "suspend" else "ACTIVE"
+    text = path.read_text(encoding="utf-8")
+    line = re.compile(r"^state:[ \t]*\S+[ \t]*(#.*)?$", re.MULTILINE)
+    text = line.sub(lambda m: f"state: {state}" + (f"  {m.group(1)}" if m.group(1) else ""), text, count=1) \
+        if line.search(text) else text.rstrip("\n") + f"\nstate: {state}\n"
+    path.write_text(text, encoding="utf-8")
+    _load(args.conf)  # still valid
+    print(f"{subscription.id}: {state} ({path}); a running job picks this up when restarted")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from herald.demo import run_demo
+
+    return run_demo(Path(args.conf))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="herald", description="Push delivery from Kafka to HTTP subscribers.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--conf", default="conf", help="configuration directory (default: conf)")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    command("validate", cmd_validate, "check every file of a configuration directory")
+
+    run = command("run", cmd_run, "run every ACTIVE subscription as its own streaming query")
+    run.add_argument("--once", action="store_true", help="process what is available now, then exit")
+    run.add_argument("--subscription", action="append", metavar="ID", help="only this subscription (repeatable)")
+
+    undelivered = command("undelivered", cmd_undelivered, "show the last discarded messages of a subscription")
+    undelivered.add_argument("id", help="subscription id: group.topic.name")
+    which = undelivered.add_mutually_exclusive_group()
+    which.add_argument("--last", action="store_true", help="only the last one (the default)")
+    which.add_argument("--limit", type=int, default=1, metavar="N", help="the last N")
+    undelivered.add_argument("--json", action="store_true", help="Hermes' JSON format")
+
+    for name, handler, help_text in (("metrics", cmd_metrics, "lifetime metrics of a subscription"),
+                                     ("offsets", cmd_offsets, "delivered-through offsets per partition")):
+        sub = command(name, handler, help_text)
+        sub.add_argument("id", help="subscription id: group.topic.name")
+        sub.add_argument("--json", action="store_true")
+
+    for name, help_text in (("suspend", "set a subscription SUSPENDED in its YAML file (not run; nothing lost)"),
+                            ("activate", "set a subscription ACTIVE again; it continues where it stopped")):
+        command(name, cmd_state, help_text).add_argument("id", help="subscription id: group.topic.name")
+
+    broker = command("broker", cmd_broker, "the embedded Kafka-protocol broker for local work")
+    broker.add_argument("action", choices=["up", "down", "status"])
+    broker.add_argument("--data-dir", default=".herald/broker")
+    broker.add_argument("--port", type=int, help="default: the port of kafka.bootstrapServers in --conf")
+    broker.add_argument("--partitions", type=int, default=3, help="partitions of the topics created on 'up'")
+
+    publish = command("publish", cmd_publish, "publish JSON messages (arguments, --file, or stdin; one per line)")
+    publish.add_argument("topic", help="topic name: group.topic")
+    publish.add_argument("message", nargs="*")
+    publish.add_argument("--file", help="a file with one JSON message per line")
+    publish.add_argument("--retries", type=int, default=3, help="rounds of retries for failed messages")
+    publish.add_argument("--timeout", type=float, default=10.0, help="producer delivery timeout per round, s")
+
+    command("demo", cmd_demo, "broker, demo subscriber, sample events and one delivery run, then a report")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.verbose)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

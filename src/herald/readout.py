@@ -1,0 +1,95 @@
+"""Reading the tables for people: last undelivered messages, lifetime metrics and offsets of a subscription.
+
+These read Delta with delta-rs and never start Spark, so `herald undelivered|metrics|offsets` answer in about
+a second. Field names of the JSON forms are Hermes' (`topicName`, `otherErrors`, `codes2xx`, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from herald.config import HeraldConfig, Subscription
+from herald.storage import DeltaRsStore
+from herald.storage.tables import METRICS, OFFSETS, UNDELIVERED
+
+
+def _store(config: HeraldConfig) -> DeltaRsStore:
+    return DeltaRsStore(config.storage_path, config.settings.storage.options)
+
+
+def _epoch_ms(value) -> int | None:
+    return int(value.timestamp() * 1000) if value is not None else None
+
+
+def undelivered(config: HeraldConfig, subscription: Subscription, limit: int = 1) -> list[dict[str, Any]]:
+    """The last `limit` discarded messages, newest first, in Hermes' undelivered-message format."""
+    rows = _store(config).read(UNDELIVERED, subscription.id).to_pylist()
+    rows.sort(key=lambda row: (row["timestamp"], row["batch_id"], row["offset"]), reverse=True)
+    return [
+        {
+            "timestamp": _epoch_ms(row["timestamp"]),
+            "subscription": subscription.name,
+            "topicName": row["topic_name"],
+            "status": row["status"],
+            "reason": row["reason"],
+            "message": row["message"],
+            "partition": row["partition"],
+            "offset": row["offset"],
+            "cluster": row["cluster"],
+            "messageId": row["message_id"],
+            "httpStatus": row["http_status"],
+            "attempts": row["attempts"],
+        }
+        for row in rows[:limit]
+    ]
+
+
+_LIFETIME = {
+    "delivered": "delivered",
+    "discarded": "discarded",
+    "filtered": "filtered",
+    "timeouts": "timeouts",
+    "otherErrors": "other_errors",
+    "codes2xx": "codes_2xx",
+    "codes3xx": "codes_3xx",
+    "codes4xx": "codes_4xx",
+    "codes5xx": "codes_5xx",
+    "attempts": "attempts",
+}
+
+
+def metrics(config: HeraldConfig, subscription: Subscription) -> dict[str, Any]:
+    """Lifetime counts summed over every micro-batch; `inflight`, `rate` and `flow` are the last batch's.
+
+    Unlike Hermes' per-second gauges, timeouts/otherErrors/codes* are lifetime counts of attempts.
+    """
+    rows = _store(config).read(METRICS, subscription.id).to_pylist()
+    result: dict[str, Any] = {"subscription": subscription.id, "batches": len(rows)}
+    for name, column in _LIFETIME.items():
+        result[name] = sum(row[column] or 0 for row in rows)
+    last = max(rows, key=lambda row: row["batch_id"], default=None)
+    result["inflight"] = last["inflight"] if last else 0
+    result["rate"] = round(last["rate"], 3) if last else 0.0
+    result["flowMode"] = last["flow_mode"] if last else None
+    result["flowRate"] = last["flow_rate"] if last else None
+    result["lastBatchAt"] = _epoch_ms(last["finished_at"]) if last else None
+    return result
+
+
+def offsets(config: HeraldConfig, subscription: Subscription) -> list[dict[str, Any]]:
+    """Per Kafka partition, the next offset to read (everything before it is delivered or discarded)."""
+    latest: dict[tuple[str, int], dict] = {}
+    for row in _store(config).read(OFFSETS, subscription.id).to_pylist():
+        key = (row["topic"], row["partition"])
+        if key not in latest or row["batch_id"] > latest[key]["batch_id"]:
+            latest[key] = row
+    return [
+        {
+            "topic": row["topic"],
+            "partition": row["partition"],
+            "offset": row["offset"],
+            "batchId": row["batch_id"],
+            "committedAt": _epoch_ms(row["committed_at"]),
+        }
+        for _, row in sorted(latest.items())
+    ]

@@ -1,0 +1,79 @@
+"""Kill the delivery job at any moment and restart it: every message is delivered at least once (or is in the
+undelivered table). Also: the spark-submit entry point does what `herald run` does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.herald_env import produce, wait_until, write_conf
+from tests.support.subscriber import Reply, ScriptedSubscriber
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def herald(*args: str) -> list[str]:
+    return [sys.executable, "-m", "herald", *args]
+
+
+def test_kill_mid_batch_and_restart_loses_nothing(broker, topic_name, tmp_path):
+    broker.create_topics({topic_name: 3})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(60)])
+    with ScriptedSubscriber(lambda request: Reply(delay_ms=40)) as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name,
+                          {"k": {"endpoint": sub.url, "subscriptionPolicy": {"inflightSize": 3}}},
+                          settings={"streaming": {"maxOffsetsPerTrigger": 12}})
+        job = subprocess.Popen(herald("run", "--conf", str(conf)), start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert wait_until(lambda: len(sub.requests) >= 20, timeout_s=180), job.stderr.read1().decode()
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)  # the driver, its JVM and Python workers, at once
+            job.wait()
+        delivered_before_kill = len(sub.requests)
+        assert delivered_before_kill < 60, "killed while work was left"
+
+        restart = subprocess.run(herald("run", "--conf", str(conf), "--once"), capture_output=True, text=True,
+                                 timeout=300)
+        assert restart.returncode == 0, restart.stderr[-3000:]
+    assert sub.delivered_ids() == set(range(60))
+
+
+def test_spark_submit_entry_point(broker, topic_name, tmp_path):
+    broker.create_topics({topic_name: 2})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(8)])
+    spark_submit = Path(sys.executable).with_name("spark-submit")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"job": {"endpoint": sub.url}})
+        result = subprocess.run([str(spark_submit), "--master", "local[2]", str(REPO / "jobs" / "deliver.py"),
+                                 "--conf", str(conf), "--once"], capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert sub.delivered_ids() == set(range(8))
+
+
+def test_ctrl_c_stops_cleanly_and_the_rest_follows_on_restart(broker, topic_name, tmp_path):
+    broker.create_topics({topic_name: 2})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(30)])
+    with ScriptedSubscriber(lambda request: Reply(delay_ms=50)) as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name,
+                          {"c": {"endpoint": sub.url, "subscriptionPolicy": {"inflightSize": 2}}},
+                          settings={"streaming": {"maxOffsetsPerTrigger": 6}})
+        job = subprocess.Popen(herald("run", "--conf", str(conf)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        assert wait_until(lambda: len(sub.requests) >= 5, timeout_s=180)
+        job.send_signal(signal.SIGINT)
+        output, _ = job.communicate(timeout=120)
+        assert job.returncode == 0, output[-3000:]
+        assert "Traceback" not in output
+        restart = subprocess.run(herald("run", "--conf", str(conf), "--once"), capture_output=True, text=True,
+                                 timeout=300)
+        assert restart.returncode == 0, restart.stderr[-3000:]
+    assert sub.delivered_ids() == set(range(30))
