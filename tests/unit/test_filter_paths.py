@@ -156,7 +156,7 @@ def test_check_rule_accepts_plain_rules_without_notes():
         (jp("", "x"), "needs a non-empty 'path'"),
         (jp(None, "x"), "needs a non-empty 'path'"),
         (FilterRule("header", "x"), "needs 'header'"),
-        (FilterRule("avropath", "x", path="a.b"), "avropath filters are not supported yet"),
+        (FilterRule("avropath", "x", path="a..b"), "empty segment"),
         (FilterRule("xpath", "x", path="a"), "unknown filter type 'xpath'"),
         (FilterRule("jsonpath", None, path="$.a"), "needs a 'matcher'"),
     ],

@@ -1,6 +1,7 @@
-"""Hermes message filters (jsonpath, header) compiled to Spark Column expressions.
+"""Hermes message filters (jsonpath, avropath, header) compiled to Spark Column expressions.
 
-Semantics follow Hermes' JsonPathPredicate / HeaderPredicate (Jayway JsonPath underneath):
+Semantics follow Hermes' JsonPathPredicate / AvroPathPredicate / HeaderPredicate (Jayway JsonPath underneath the
+first):
 
 - `matcher` is a Java regex that must match the WHOLE value (`Matcher.matches()`); in Spark it is anchored as
   `^(?:m)\\z` (not `$`, which would accept a trailing newline)
@@ -9,6 +10,11 @@ Semantics follow Hermes' JsonPathPredicate / HeaderPredicate (Jayway JsonPath un
 - `[*]` and `.*` select every element of an array or every value of an object (Jayway), nested ones flatten
 - selected values compare as text: strings unquoted, numbers/booleans as their JSON text (decimals as Java
   doubles, as Hermes' json-smart gives them), nested objects/arrays as compact JSON; a JSON null never matches
+- avropath filters (Hermes' own path syntax, `.user.addresses[*].city`; see herald.filters.avropath) run on the
+  JSON text Herald decodes an Avro record into once (herald.avro.convert.to_json): a missing field, a null or an
+  index out of range at the END of the path compares as the string "null"; a missing field or null part-way,
+  or `name[..]` on something that is not an array, selects nothing; values compare as text (strings raw, enums
+  by symbol, numbers as Spark renders them, nested records/maps/arrays as compact JSON)
 - header filters: the Kafka header with exactly that (case-sensitive) name, value decoded as UTF-8; a missing
   header never matches; a repeated header is matched with matchingStrategy over its values
 - rules are AND-ed in declaration order; no rules means every message passes
@@ -20,12 +26,25 @@ Documented differences from Hermes (see the module docs of compile.py and python
 - a header filter uses matchingStrategy over repeated headers (Hermes looks at the first one only)
 - after a wildcard, a *string* element whose text is itself a JSON array/object is navigated as JSON by the
   native compiler (Jayway would not descend into a string); plain paths are exact
+- avropath, value text: a nested record/array/map compares as compact JSON (`{"a":1,"b":"x"}`, `[1,2]`), where
+  Hermes prints Avro's toString (`{"a": 1, "b": "x"}`, `[1, 2]`, a map as `{k=v}`); bytes and fixed compare as
+  ISO-8859-1 text (Hermes: `java.nio.HeapByteBuffer[...]` / `[1, 2]`), decimals as plain decimal text; an Avro
+  `float` compares as the double fastavro decodes (`1.100000023841858`, Hermes: `1.1`); NaN and infinities
+  compare as "null" (JSON cannot hold them; Hermes: `NaN`)
+- avropath, maps: a map is navigated like a record (both are JSON objects), so `m.k[0]` selects element 0 of
+  the array under key `k`, where Hermes looks up the key "k[0]" literally
+- avropath, `__metadata`: the top-level envelope is dropped by the Avro-to-JSON conversion, so a path into it
+  compares as "null" at the end and selects nothing part-way (Hermes sees it)
+- avropath syntax Hermes accepts although it cannot name an Avro field or array element is rejected at
+  validation: empty segments, a segment starting with '[' (`a.[1]`, a field literally named "[1]" in Hermes),
+  more than one selector or a bad one (`a[1][2]`, `a[x]`, `a[-1]`)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from herald.filters.avropath import parse_segments
 from herald.filters.jsonpath import JsonPath, parse_avropath, parse_jsonpath
 from herald.filters.regex import check_matcher, python_pattern
 from herald.filters.rules import FilterError, FilterRule, validate_basics
@@ -37,6 +56,7 @@ __all__ = [
     "filter_column",
     "parse_jsonpath",
     "parse_avropath",
+    "parse_segments",
     "JsonPath",
     "evaluate",
     "evaluate_rule",
@@ -51,6 +71,9 @@ def check_rule(rule: FilterRule) -> list[str]:
     validate_basics(rule)
     java_only = check_matcher(rule.matcher)
     notes: list[str] = []
+    if rule.type == "avropath":
+        parse_segments(rule.path)  # raises FilterError for bad syntax; always compiled natively
+        return notes
     if rule.type != "jsonpath":
         return notes
     path = parse_jsonpath(rule.path)
@@ -72,9 +95,12 @@ def check_rule(rule: FilterRule) -> list[str]:
 def filter_column(rules: Sequence[FilterRule], value_col="value", headers_col="headers"):
     """A boolean Spark Column, never null: True when the message passes every rule (AND, in order).
 
-    `value_col` names Kafka's binary value column (cast to string here; a string column works too);
-    `headers_col` names an array<struct<key:string,value:binary>> column. Column names, not Column objects:
-    the native rules become one SQL expression. Raises FilterError for an invalid rule. True when `rules` is
+    `value_col` names Kafka's binary value column or a string column (cast to string here, a no-op for a string):
+    JSON text either way; for an Avro topic, the JSON text Herald decodes each record into (avropath rules read
+    it). Content types are not checked here (the config loader does): a jsonpath rule on Avro JSON text, or an
+    avropath rule on a JSON topic, simply evaluates over the text. `headers_col` names an
+    array<struct<key:string,value:binary>> column. Column names, not Column objects: the native rules become one
+    SQL expression. Raises FilterError for an invalid rule. True when `rules` is
     empty. Native rules run in the JVM; paths Spark cannot express run in a pandas UDF (see check_rule notes).
     """
     from herald.filters.compile import compile_rules
@@ -86,7 +112,8 @@ def filter_column(rules: Sequence[FilterRule], value_col="value", headers_col="h
 
 
 def evaluate_rule(rule: FilterRule, value, headers=None) -> bool:
-    """Pure-Python evaluation of one rule for one message (reference semantics; no Spark)."""
+    """Pure-Python evaluation of one rule for one message (reference semantics; no Spark). `value` is JSON text
+    (bytes or str); for avropath rules it may also be a decoded Avro record (a dict from fastavro)."""
     from herald.filters.python_eval import evaluate_rule as _evaluate_rule
 
     return _evaluate_rule(rule, value, headers)

@@ -37,9 +37,11 @@ Definite paths with an index (`$.a[0].b`) use `get_json_object` alone. Paths Spa
 (pandas UDF over Arrow batches, jsonpath-ng). The strategy: `any` -> `exists`, `all` -> `size > 0 and forall`,
 nulls never match, everything wrapped in `coalesce(..., false)`.
 
+avropath rules (over the JSON text of a decoded Avro record) are compiled by herald.filters.avropath_sql.
+
 Rules are AND-ed; Spark's AND stops at the first false, so they are evaluated cheapest first (header rules,
-the shared parse, the other native rules in declaration order, Python rules). Every part is deterministic
-and cannot fail, so the result is the AND of the rules as declared.
+the avropath rules' shared parse, the jsonpath shared parse, the other native rules in declaration order,
+Python rules). Every part is deterministic and cannot fail, so the result is the AND of the rules as declared.
 """
 
 from __future__ import annotations
@@ -342,16 +344,22 @@ def jsonpath_sql(names: _Names, rule: FilterRule, text: str) -> str:
 
 
 def rules_sql(rules: Sequence[FilterRule], value: str, headers: str) -> tuple[str, list[FilterRule]]:
-    """SQL for the native rules (AND-ed, cheapest first) and the rules left for Python."""
+    """SQL for the native rules (AND-ed, cheapest first) and the rules left for Python. `value` is a binary or
+    string column holding JSON text (`cast(... as string)` of a string is a no-op); avropath rules read the JSON
+    text of a decoded Avro record (herald.filters.avropath_sql) and are always native."""
     names = _Names()
     text = f"cast({value} as string)"
     header_conditions: list[str] = []
     member_paths: list[tuple[int, tuple[str, ...]]] = []
     singles: list[int] = []
     python: list[FilterRule] = []
+    avropath_rules: list[FilterRule] = []
     for position, rule in enumerate(rules):
         if rule.type == "header":
             header_conditions.append(header_sql(names, rule, headers))
+            continue
+        if rule.type == "avropath":
+            avropath_rules.append(rule)
             continue
         path = parse_jsonpath(rule.path)
         if not native_path(path):
@@ -361,6 +369,10 @@ def rules_sql(rules: Sequence[FilterRule], value: str, headers: str) -> tuple[st
         else:
             singles.append(position)
     conditions = list(header_conditions)
+    if avropath_rules:
+        from herald.filters.avropath_sql import avropath_conditions  # imports this module
+
+        conditions += avropath_conditions(names, avropath_rules, text)
     shared, leftover = _shared_rules(names, text, [(rules[position], path) for position, path in member_paths])
     if shared is not None:
         conditions.append(shared)

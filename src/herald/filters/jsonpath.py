@@ -10,8 +10,9 @@ A path outside that subset (recursive descent `..`, filter expressions `[?(...)]
 unions, functions) is still accepted when jsonpath-ng's extended parser can read it; it is then evaluated in
 Python (`JsonPath.steps is None`). A path neither can read raises FilterError.
 
-Avro paths (`user.addresses[*].city`, Hermes' AvroPathPredicate syntax) parse to the same steps with
-`parse_avropath`, so a later avropath filter can reuse the compiler once Avro is decoded to JSON.
+Avro paths (`user.addresses[*].city`, Hermes' AvroPathPredicate syntax) read literally as Hermes does map to the
+same steps with `parse_avropath`; avropath filters themselves use herald.filters.avropath (stricter syntax,
+Hermes' own selection rules), since their semantics differ from JSONPath's.
 """
 
 from __future__ import annotations
@@ -233,7 +234,8 @@ _AVRO_SEGMENT = re.compile(r"(?P<selector>.+)\[(?P<index>\*|\d+)\]")
 
 def parse_avropath(path: str) -> tuple[Step, ...]:
     """Hermes' AvroPathPredicate syntax as steps: dots stripped at both ends, split on '.', and a segment
-    `name[N]` / `name[*]` selects from the array field `name` (a bare `[1]` segment is a field name, as in Hermes)."""
+    `name[N]` / `name[*]` selects from the array field `name` (a bare `[1]` segment is a field name, as in Hermes).
+    Avropath filters validate with the stricter herald.filters.avropath.parse_segments, which rejects that."""
     if not isinstance(path, str) or not path.strip("."):
         raise FilterError("an avropath filter needs a non-empty 'path', e.g. '.user.addresses[*].city'")
     steps: list[Step] = []

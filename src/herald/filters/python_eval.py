@@ -11,6 +11,9 @@ Semantics (Hermes' JsonPathPredicate on Jayway, with the choices documented in h
   doubles (`1.50` -> `1.5`, `1e2` -> `100.0`, `0.00001` -> `1.0E-5`), objects and arrays as compact JSON
 - a JSON null is a value that never matches; an empty selection never matches
 - `all`: every value fully matches the matcher; `any`: at least one does
+
+avropath rules follow Hermes' AvroPathPredicate instead (herald.filters.avropath.select_texts): the value is a
+decoded Avro record (dict) or the JSON text Herald converts it to.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 
+from herald.filters.avropath import parse_segments, select_texts
 from herald.filters.jsonpath import Field, Index, JsonPath, Wildcard, compiled_jsonpath_ng, parse_jsonpath
 from herald.filters.regex import python_pattern
 from herald.filters.rules import FilterRule, validate_basics
@@ -196,11 +200,14 @@ class PythonRule:
         self.strategy = rule.strategy
         self.pattern = python_pattern(rule.matcher)
         self.path = parse_jsonpath(rule.path) if rule.type == "jsonpath" else None
+        self.segments = parse_segments(rule.path) if rule.type == "avropath" else None
 
     def values(self, value, headers=None) -> list[str | None]:
         """The strings the rule compares (None for JSON null / a null header value)."""
         if self.rule.type == "header":
             return [_decode(v) for key, v in _header_items(headers) if key == self.rule.header]
+        if self.segments is not None:
+            return select_texts(self.segments, value)
         return [value_text(v) for v in select_path(self.path, parse_json(value))]
 
     def __call__(self, value, headers=None) -> bool:
@@ -217,7 +224,8 @@ def python_rule(rule: FilterRule) -> PythonRule:
 
 
 def evaluate_rule(rule: FilterRule, value, headers=None) -> bool:
-    """True when the message (value: JSON as bytes or str; headers: (key, value) pairs) passes the rule."""
+    """True when the message passes the rule. value: JSON as bytes or str; for avropath rules also a decoded Avro
+    record (dict); headers: (key, value) pairs."""
     return python_rule(rule)(value, headers)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_TYPES = ("jsonpath", "header")
+SUPPORTED_TYPES = ("jsonpath", "avropath", "header")
 STRATEGIES = ("all", "any")
 
 
@@ -20,7 +20,7 @@ class FilterRule:
     `matching_strategy` ("all" or "any", any case) applies when the path selects several values.
     """
 
-    type: str  # "jsonpath" | "header"  ("avropath" later: it parses to the same steps, see jsonpath.parse_avropath)
+    type: str  # "jsonpath" | "avropath" | "header"
     matcher: str
     path: str | None = None
     header: str | None = None
@@ -36,15 +36,15 @@ def validate_basics(rule: FilterRule) -> None:
     """Checks every rule needs, whatever its type: type, strategy, and the field its type requires."""
     if not isinstance(rule, FilterRule):
         raise FilterError(f"expected a FilterRule, got {type(rule).__name__}")
-    if rule.type == "avropath":
-        raise FilterError("avropath filters are not supported yet (supported filter types: jsonpath, header)")
     if rule.type not in SUPPORTED_TYPES:
-        raise FilterError(f"unknown filter type {rule.type!r} (supported: jsonpath, header)")
+        raise FilterError(f"unknown filter type {rule.type!r} (supported: {', '.join(SUPPORTED_TYPES)})")
     if rule.strategy not in STRATEGIES:
         raise FilterError(f"matchingStrategy {rule.matching_strategy!r} is not supported (use 'all' or 'any')")
     if not isinstance(rule.matcher, str):
         raise FilterError("a filter needs a 'matcher' (a Java regular expression that must match the whole value)")
     if rule.type == "jsonpath" and (not isinstance(rule.path, str) or not rule.path.strip()):
         raise FilterError("a jsonpath filter needs a non-empty 'path', e.g. '$.user.country'")
+    if rule.type == "avropath" and (not isinstance(rule.path, str) or not rule.path.strip(".")):
+        raise FilterError("an avropath filter needs a non-empty 'path', e.g. '.user.addresses[*].city'")
     if rule.type == "header" and (not isinstance(rule.header, str) or not rule.header):
         raise FilterError("a header filter needs 'header': the Kafka record header name (exact, case-sensitive)")
