@@ -179,3 +179,50 @@ def test_repr_never_shows_the_password(tmp_path):
     secret = SUBSCRIPTION.replace("http://127.0.0.1", "http://u:hunter2@127.0.0.1")
     subscription = load_config(write_conf(tmp_path, subscriptions={"billing": secret})).subscriptions[0]
     assert "hunter2" not in repr(subscription) and "hunter2" not in str(subscription)
+
+
+AVRO_TOPIC = """
+name: shop.users
+contentType: AVRO
+schemaFile: schemas/users.avsc
+"""
+
+
+def test_avro_content_type_needs_an_avro_topic_and_filters_match_the_topic(tmp_path):
+    bad = SUBSCRIPTION + textwrap.dedent("""
+        contentType: AVRO
+        filters:
+          - {type: avropath, path: ".user.name", matcher: "x"}
+        """)
+    problems = problems_of(write_conf(tmp_path, subscriptions={"billing": bad}))
+    file = "conf/subscriptions/billing.yaml"
+    assert f"{file}: contentType: AVRO delivery needs an AVRO topic; shop.orders is JSON" in problems
+    assert any(p.startswith(f"{file}: filters[0].type: shop.orders is a JSON topic: filter it with jsonpath")
+               for p in problems), problems
+
+
+def test_avro_topics_need_a_readable_schema(tmp_path):
+    conf = write_conf(tmp_path, topics={"orders": TOPIC, "users": AVRO_TOPIC,
+                                        "events": "name: shop.events\ncontentType: AVRO\n"})
+    (conf / "schemas").mkdir()
+    (conf / "schemas" / "users.avsc").write_text('{"type": "record", "name": "U", "fields": [{"name": "a"}]}')
+    problems = problems_of(conf)
+    assert any(p.startswith("conf/topics/users.yaml: schemaFile: schemas/users.avsc is not a valid Avro schema")
+               for p in problems), problems
+    assert "conf/topics/events.yaml: schemaFile: an AVRO topic needs a schemaFile, or schemaRegistry.url in " \
+           "herald.yaml" in problems
+
+
+def test_avro_topic_with_schema_file_loads(tmp_path):
+    avro_subscription = SUBSCRIPTION.replace("shop.orders", "shop.users") + textwrap.dedent("""
+        contentType: AVRO
+        filters:
+          - {type: avropath, path: ".addresses[*].city", matcher: "Krakow", matchingStrategy: any}
+        """)
+    conf = write_conf(tmp_path, topics={"users": AVRO_TOPIC}, subscriptions={"billing": avro_subscription})
+    (conf / "schemas").mkdir()
+    (conf / "schemas" / "users.avsc").write_text('{"type": "record", "name": "U", "fields": [{"name": "a", '
+                                                 '"type": "string"}]}')
+    config = load_config(conf)
+    source = config.avro_source(config.topics["shop.users"])
+    assert source.schema_json.startswith('{"type": "record"') and source.registry_url is None

@@ -61,6 +61,15 @@ class HeraldConfig:
     subscriptions: tuple[Subscription, ...]
     files: dict[str, Path] = field(default_factory=dict)  # subscription id -> its YAML file
     notes: tuple[str, ...] = ()  # informational findings `herald validate` prints
+    schemas: dict[str, str] = field(default_factory=dict)  # AVRO topic name -> its schemaFile's JSON text
+
+    def avro_source(self, topic: Topic):
+        """How an AVRO topic's records are decoded (a picklable `herald.avro.decode.AvroSource`)."""
+        from herald.avro.decode import AvroSource
+
+        if topic.name in self.schemas:
+            return AvroSource(schema_json=self.schemas[topic.name])
+        return AvroSource(registry_url=self.settings.schemaRegistry.url, subject=topic.subject)
 
     @property
     def storage_path(self) -> str:
@@ -104,6 +113,7 @@ def load_config(conf_dir: Path | str) -> HeraldConfig:
     settings = _load_file(settings_path, HeraldSettings, shown, problems, required=True)
 
     topics: dict[str, Topic] = {}
+    schemas: dict[str, str] = {}
     for path in _yaml_files(conf_dir / TOPICS_DIR):
         topic = _load_file(path, Topic, shown, problems)
         if topic is None:
@@ -111,6 +121,7 @@ def load_config(conf_dir: Path | str) -> HeraldConfig:
         if topic.name in topics:
             problems.append(Problem(shown(path), "name", f"topic {topic.name} is defined twice"))
         topics[topic.name] = topic
+        problems.extend(_check_topic(topic, conf_dir, settings, shown(path), schemas))
 
     subscriptions: list[Subscription] = []
     files: dict[str, Path] = {}
@@ -128,7 +139,7 @@ def load_config(conf_dir: Path | str) -> HeraldConfig:
 
     if problems or settings is None:
         raise ConfigError(problems)
-    return HeraldConfig(conf_dir, settings, topics, tuple(subscriptions), files, tuple(notes))
+    return HeraldConfig(conf_dir, settings, topics, tuple(subscriptions), files, tuple(notes), schemas)
 
 
 def _yaml_files(directory: Path) -> list[Path]:
@@ -226,6 +237,35 @@ def _secret(key: str) -> bool:
     return any(word in key.lower() for word in _SECRET_KEYS)
 
 
+def _check_topic(topic: Topic, conf_dir: Path, settings: HeraldSettings | None, file: str,
+                 schemas: dict[str, str]) -> list[Problem]:
+    """An AVRO topic needs a readable schema file or a schema registry; a JSON topic needs neither."""
+    import json
+
+    import fastavro
+
+    if topic.contentType is ContentType.JSON:
+        return [Problem(file, "schemaFile", "only AVRO topics have a schema")] if topic.schemaFile else []
+    if topic.schemaFile is None:
+        if settings is not None and settings.schemaRegistry is None:
+            return [Problem(file, "schemaFile", "an AVRO topic needs a schemaFile, or schemaRegistry.url in "
+                                                "herald.yaml")]
+        return []
+    path = (conf_dir / topic.schemaFile).resolve()
+    try:
+        text = path.read_text(encoding="utf-8")
+        fastavro.parse_schema(json.loads(text))
+    except OSError as error:
+        return [Problem(file, "schemaFile", f"cannot read {topic.schemaFile}: {error.strerror}")]
+    except (ValueError, fastavro.schema.SchemaParseException) as error:
+        return [Problem(file, "schemaFile", f"{topic.schemaFile} is not a valid Avro schema: {error}")]
+    schemas[topic.name] = text
+    return []
+
+
+_FILTER_FOR = {ContentType.JSON: "jsonpath", ContentType.AVRO: "avropath"}
+
+
 def _check_subscription(subscription: Subscription, topics: dict[str, Topic], file: str, notes: list[str]) -> list[Problem]:
     """Checks that need more than one file, or that name features not built yet."""
     from herald.filters import check_rule
@@ -241,15 +281,16 @@ def _check_subscription(subscription: Subscription, topics: dict[str, Topic], fi
     ):
         if value != planned:
             problems.append(Problem(file, key, f"{value} is not supported yet (only {planned})"))
-    if subscription.contentType is ContentType.AVRO or (topic is not None and topic.contentType is ContentType.AVRO):
-        problems.append(Problem(file, "contentType", "AVRO topics and deliveries are not supported yet (only JSON)"))
+    if topic is not None and subscription.contentType is ContentType.AVRO and topic.contentType is ContentType.JSON:
+        problems.append(Problem(file, "contentType", f"AVRO delivery needs an AVRO topic; {topic.name} is JSON"))
     if subscription.trackingMode != "trackingOff":
         notes.append(f"{file}: trackingMode {subscription.trackingMode}: message tracking is not implemented yet, "
                      "so nothing is tracked (undelivered messages are still stored)")
     for index, spec in enumerate(subscription.filters):
-        if spec.type == "avropath":
-            problems.append(Problem(file, f"filters[{index}].type", "avropath filters apply to AVRO topics, "
-                                    "not supported yet"))
+        if topic is not None and spec.type != "header" and spec.type != _FILTER_FOR[topic.contentType]:
+            problems.append(Problem(file, f"filters[{index}].type", f"{topic.name} is a {topic.contentType.value} "
+                                    f"topic: filter it with {_FILTER_FOR[topic.contentType]} (filters run before any "
+                                    "conversion)"))
         else:
             notes.extend(f"{file}: filters[{index}]: {note}" for note in check_rule(spec.rule()))
     return problems

@@ -70,9 +70,20 @@ class RateControlSettings(Strict):
         )
 
 
+class SchemaRegistrySettings(Strict):
+    url: str  # Confluent-compatible; user:password@ in the URL for Basic auth (never shown)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        Endpoint.parse(value)
+        return value
+
+
 class HeraldSettings(Strict):
     kafka: KafkaSettings
     storage: StorageSettings
+    schemaRegistry: SchemaRegistrySettings | None = None
     streaming: StreamingSettings = StreamingSettings()
     spark: SparkSettings = SparkSettings()
     rateControl: RateControlSettings = RateControlSettings()
@@ -95,6 +106,10 @@ class Topic(Strict):
     kafkaTopic: str | None = None
     description: str = ""
     owner: Owner | None = None
+    # AVRO topics: records are plain Avro binary written with this schema (a path relative to the conf
+    # directory), or, without it, Confluent wire format with schemas from herald.yaml's schemaRegistry.
+    schemaFile: str | None = None
+    schemaSubject: str | None = None  # the registry subject for Schema-Version; default: <kafka topic>-value
 
     @field_validator("name")
     @classmethod
@@ -106,6 +121,10 @@ class Topic(Strict):
     @property
     def kafka_topic(self) -> str:
         return self.kafkaTopic or self.name
+
+    @property
+    def subject(self) -> str:
+        return self.schemaSubject or f"{self.kafka_topic}-value"
 
 
 # -- subscriptions/*.yaml -------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ TOPIC_NAME = "Hermes-Topic-Name"
 SUBSCRIPTION_NAME = "Hermes-Subscription-Name"
 CONTENT_TYPE = "Content-Type"
 AUTHORIZATION = "Authorization"
+SCHEMA_ID = "Schema-Id"
+SCHEMA_VERSION = "Schema-Version"
 
 JSON_CONTENT_TYPE = "application/json"
 AVRO_CONTENT_TYPE = "avro/binary"
@@ -43,9 +45,20 @@ def static_headers(
     return headers
 
 
-def attempt_headers(static: dict[str, str], message_id: str, retry_count: int) -> dict[str, str]:
-    """`static` plus this attempt's message id and retry count (0 on the first attempt)."""
+def attempt_headers(
+    static: dict[str, str],
+    message_id: str,
+    retry_count: int,
+    schema_id: int | None = None,
+    schema_version: int | None = None,
+) -> dict[str, str]:
+    """`static` plus this attempt's message id and retry count (0 on the first attempt), and for Avro
+    deliveries the Schema-Id / Schema-Version of the message's schema when known."""
     headers = dict(static)
     headers[MESSAGE_ID] = message_id
     headers[RETRY_COUNT] = str(retry_count)
+    if schema_id is not None:
+        headers[SCHEMA_ID] = str(schema_id)
+    if schema_version is not None:
+        headers[SCHEMA_VERSION] = str(schema_version)
     return headers

@@ -33,6 +33,11 @@ class Record:
     key: bytes | None = None
     headers: tuple[tuple[str, bytes | None], ...] = ()
     matched: bool = True
+    text: str | None = None  # the message as JSON text when `value` is not (an AVRO subscription's Avro binary)
+    error: str | None = None  # why the record could not be decoded; it is then discarded unsent
+    raw: bytes | None = None  # the record's original bytes, kept when it could not be decoded
+    schema_id: int | None = None
+    schema_version: int | None = None
 
     @property
     def message_id(self) -> str:

@@ -35,3 +35,4 @@ class DeliveryPlan:
     flow_settings: FlowSettings = field(default_factory=FlowSettings)
     flow_state: FlowState = field(default_factory=FlowState)
     oauth: bool = False
+    schema_headers: bool = False  # AVRO delivery: send Schema-Id / Schema-Version

@@ -24,6 +24,9 @@ REPORT_SCHEMA = pa.schema(
         ("http_status", pa.int32()),
         ("attempts", pa.int32()),
         ("message", pa.binary()),
+        ("raw_value", pa.binary()),
+        ("schema_id", pa.int32()),
+        ("schema_version", pa.int32()),
         ("published_ms", pa.int64()),
         ("discarded_ms", pa.int64()),
         ("stats", pa.string()),  # task rows: TaskCounters and flow state as JSON
@@ -31,7 +34,8 @@ REPORT_SCHEMA = pa.schema(
 )
 REPORT_DDL = (
     "row_type string, topic string, partition int, offset long, message_id string, reason string, "
-    "http_status int, attempts int, message binary, published_ms long, discarded_ms long, stats string"
+    "http_status int, attempts int, message binary, raw_value binary, schema_id int, schema_version int, "
+    "published_ms long, discarded_ms long, stats string"
 )
 
 
@@ -75,9 +79,12 @@ class Discarded:
     reason: str
     http_status: int | None
     attempts: int
-    message: bytes | None
+    message: bytes | None  # the message as text (JSON), for people to read
     published_ms: int
     discarded_ms: int
+    raw_value: bytes | None = None  # the original bytes of a record that could not be decoded
+    schema_id: int | None = None
+    schema_version: int | None = None
 
 
 @dataclass

@@ -103,6 +103,11 @@ class PartitionSender:
             now = self.clock()
             counters.read += 1
             self.report.saw(record.topic, record.partition, record.offset)
+            if record.error is not None:
+                self._in_flight += 1
+                self._discard(Delivery(record, record.message_id, first_read_at=now, due_at=now),
+                              f"Message could not be decoded: {record.error}")
+                continue
             if not record.matched:
                 counters.filtered += 1
                 continue
@@ -144,8 +149,10 @@ class PartitionSender:
 
     def _attempt(self, delivery: Delivery, retry_count: int, started_at: float) -> None:
         """Worker thread: one HTTP attempt; the result goes back to the loop."""
-        headers = attempt_headers(self.plan.headers, delivery.message_id, retry_count)
-        body = delivery.record.value or b""
+        record = delivery.record
+        headers = attempt_headers(self.plan.headers, delivery.message_id, retry_count,
+                                  *((record.schema_id, record.schema_version) if self.plan.schema_headers else ()))
+        body = record.value or b""
         try:
             result = self.transport.post(self.plan.url, body, headers)
         except BaseException as error:  # noqa: BLE001 - handed to the loop, which re-raises it
@@ -218,9 +225,12 @@ class PartitionSender:
                 reason=reason,
                 http_status=delivery.last_status,
                 attempts=delivery.attempts,
-                message=record.value,
+                message=record.text.encode() if record.text is not None else record.value,
                 published_ms=record.timestamp_ms,
                 discarded_ms=self.wall_clock_ms(),
+                raw_value=record.raw,
+                schema_id=record.schema_id,
+                schema_version=record.schema_version,
             )
         )
         log.debug("discarded %s/%s/%s: %s", record.topic, record.partition, record.offset, reason)

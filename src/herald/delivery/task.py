@@ -1,6 +1,7 @@
 """The function each Spark task runs (through `mapInArrow`): Arrow batches in, report rows out.
 
-Input columns (see `herald.engine.query`): topic, partition, offset, timestamp, key, value, headers, matched.
+Input columns (see `herald.engine.query`): topic, partition, offset, timestamp, key, value, headers, matched,
+and for AVRO topics text, error, raw, schema_id, schema_version.
 Records are taken from each Arrow batch lazily, so the sender reads only as fast as it delivers.
 """
 
@@ -28,6 +29,8 @@ def records_of(batches: Iterable[pa.RecordBatch]) -> Iterator[Record]:
         value = batch.column("value").to_pylist()
         headers = batch.column("headers").to_pylist()
         matched = batch.column("matched").to_pylist()
+        optional = {name: batch.column(name).to_pylist() if name in batch.schema.names else [None] * batch.num_rows
+                    for name in ("text", "error", "raw", "schema_id", "schema_version")}
         for i in range(batch.num_rows):
             yield Record(
                 topic=topic[i],
@@ -38,6 +41,7 @@ def records_of(batches: Iterable[pa.RecordBatch]) -> Iterator[Record]:
                 key=key[i],
                 headers=tuple((h["key"], h["value"]) for h in headers[i]) if headers[i] else (),
                 matched=bool(matched[i]),
+                **{name: values[i] for name, values in optional.items()},
             )
 
 

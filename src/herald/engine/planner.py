@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from herald.config.model import Subscription
 from herald.delivery.flow import FlowMode, FlowSettings, FlowState
-from herald.delivery.headers import JSON_CONTENT_TYPE, basic_authorization, static_headers
+from herald.config.model import ContentType
+from herald.delivery.headers import AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE, basic_authorization, static_headers
 from herald.delivery.plan import DeliveryPlan
 
 
@@ -27,7 +28,7 @@ def subscription_headers(subscription: Subscription) -> dict[str, str]:
     target = subscription.target
     authorization = basic_authorization(target.user, target.password or "") if target.user is not None else None
     return static_headers(
-        JSON_CONTENT_TYPE,
+        AVRO_CONTENT_TYPE if subscription.contentType is ContentType.AVRO else JSON_CONTENT_TYPE,
         subscription.topicName,
         subscription.name,
         subscription.subscriptionIdentityHeadersEnabled,
@@ -55,4 +56,5 @@ def plan_task(subscription: Subscription, tasks: int, flow_settings: FlowSetting
             heartbeat_interval_s=flow_settings.heartbeat_interval_s * tasks,
         ),
         flow_state=flow.share(tasks),
+        schema_headers=subscription.contentType is ContentType.AVRO,
     )

@@ -15,8 +15,11 @@ import time
 from dataclasses import dataclass
 
 from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
+from herald.avro.decode import DECODED_FIELDS, decode_batches
 from herald.config import HeraldConfig, Subscription, filter_rules
+from herald.config.model import ContentType
 from herald.delivery.flow import FlowState
 from herald.delivery.report import REPORT_DDL, summarize
 from herald.delivery.task import delivery_task
@@ -38,6 +41,9 @@ from herald.storage.tables import (
 log = logging.getLogger(__name__)
 
 START_BATCH_ID = -1  # offsets rows holding the position a subscription started from
+
+_SPARK_TYPES = {"json": StringType(), "payload": BinaryType(), "schema_id": IntegerType(),
+                "schema_version": IntegerType(), "decode_error": StringType()}
 
 
 def checkpoint_location(storage_path: str, subscription_id: str) -> str:
@@ -92,7 +98,8 @@ class SubscriptionStream:
         return json.dumps({self.topic.kafka_topic: {str(p): offset for p, offset in sorted(start.items())}})
 
     def stream(self):
-        """The subscription's Kafka records with the filter verdict in `matched` (the value is kept only if True)."""
+        """The subscription's Kafka records, decoded once when the topic is AVRO, with the filter verdict in
+        `matched` and the body to deliver in `value` (kept only when matched)."""
         settings = self.config.settings
         raw = open_kafka_stream(
             self.spark,
@@ -103,11 +110,35 @@ class SubscriptionStream:
             self.starting_offsets(),
             settings.streaming.maxOffsetsPerTrigger,
         )
-        matched = filter_column(filter_rules(self.subscription), "value", "headers")
-        return raw.select("topic", "partition", "offset", "timestamp", "key", "headers", "value",
-                          matched.alias("matched")) \
-            .select("topic", "partition", "offset", "timestamp", "key", "headers",
-                    F.when(F.col("matched"), F.col("value")).alias("value"), "matched")
+        if self.topic.contentType is ContentType.AVRO:
+            records, filtered_column, delivery = self._decoded(raw)
+        else:
+            records, filtered_column = raw, "value"
+            delivery = {"body": F.col("value"), "text": F.lit(None).cast("string"),
+                        "error": F.lit(None).cast("string"), "raw": F.lit(None).cast("binary"),
+                        "schema_id": F.lit(None).cast("int"), "schema_version": F.lit(None).cast("int")}
+        matched = filter_column(filter_rules(self.subscription), filtered_column, "headers")
+        keys = ["topic", "partition", "offset", "timestamp", "key", "headers"]
+        return records.select(*keys, matched.alias("matched"), *(column.alias(name) for name, column in delivery.items())) \
+            .select(*keys, "matched", F.when(F.col("matched"), F.col("body")).alias("value"),
+                    F.when(F.col("matched"), F.col("text")).alias("text"),
+                    "error", "raw", "schema_id", "schema_version")
+
+    def _decoded(self, raw):
+        """An AVRO topic: every record decoded once (JSON text for the filters), and what to deliver."""
+        source = self.config.avro_source(self.topic)
+        schema = StructType(raw.schema.fields + [StructField(f.name, _SPARK_TYPES[f.name]) for f in DECODED_FIELDS])
+        decoded = raw.mapInArrow(decode_batches(source), schema)
+        avro_delivery = self.subscription.contentType is ContentType.AVRO
+        delivery = {
+            "body": F.col("payload") if avro_delivery else F.col("json").cast("binary"),
+            "text": F.col("json") if avro_delivery else F.lit(None).cast("string"),
+            "error": F.col("decode_error"),
+            "raw": F.when(F.col("decode_error").isNotNull(), F.col("value")),
+            "schema_id": F.col("schema_id"),
+            "schema_version": F.col("schema_version"),
+        }
+        return decoded, "json", delivery
 
     def start(self, once: bool):
         writer = (

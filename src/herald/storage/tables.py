@@ -33,6 +33,9 @@ UNDELIVERED_SCHEMA = pa.schema([
     ("published_at", _TIMESTAMP),  # Kafka record timestamp
     ("cluster", pa.string()),
     ("batch_id", pa.int64()),
+    ("raw_value", pa.binary()),  # the original bytes of a record that could not be decoded (AVRO topics)
+    ("schema_id", pa.int32()),  # AVRO topics: the message's schema id and version, when known
+    ("schema_version", pa.int32()),
 ])
 
 OFFSETS_SCHEMA = pa.schema([
@@ -100,6 +103,9 @@ def undelivered_rows(summary: BatchSummary, context: BatchContext) -> pa.Table:
             "published_at": _at_ms(item.published_ms),
             "cluster": context.cluster,
             "batch_id": context.batch_id,
+            "raw_value": item.raw_value,
+            "schema_id": item.schema_id,
+            "schema_version": item.schema_version,
         }
         for item in summary.discarded
     ]
