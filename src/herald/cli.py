@@ -153,8 +153,13 @@ def cmd_publish(args) -> int:
     if not lines:
         lines = sys.stdin.read().splitlines()
     kafka = config.settings.kafka
+    encode = None
+    if topic.contentType.value == "AVRO":
+        from herald.avro.encode import avro_encoder
+
+        encode = avro_encoder(config.avro_source(topic))
     result = publish(kafka.bootstrapServers, topic.kafka_topic, lines, kafka.properties, retries=args.retries,
-                     message_timeout_s=args.timeout)
+                     message_timeout_s=args.timeout, encode=encode)
     for number, why in result.rejected:
         print(f"message {number} rejected: {why}", file=sys.stderr)
     for number, why in result.failed:
@@ -227,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--port", type=int, help="default: the port of kafka.bootstrapServers in --conf")
     broker.add_argument("--partitions", type=int, default=3, help="partitions of the topics created on 'up'")
 
-    publish = command("publish", cmd_publish, "publish JSON messages (arguments, --file, or stdin; one per line)")
+    publish = command("publish", cmd_publish, "publish JSON messages (arguments, --file, or stdin; one per line); "
+                                              "encoded as Avro for AVRO topics")
     publish.add_argument("topic", help="topic name: group.topic")
     publish.add_argument("message", nargs="*")
     publish.add_argument("--file", help="a file with one JSON message per line")

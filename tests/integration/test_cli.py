@@ -128,3 +128,33 @@ def test_suspend_and_activate_edit_only_the_state_line(tmp_path):
     assert "0 ACTIVE" in herald("validate", "--conf", str(conf)).stdout
     assert herald("activate", "--conf", str(conf), "a.b.s").returncode == 0
     assert path.read_text().count("state:") == 1 and "state: ACTIVE" in path.read_text()
+
+
+@pytest.mark.broker
+def test_publish_encodes_avro_for_avro_topics(broker, topic_name, tmp_path):
+    import yaml
+
+    from tests.support.registry import SchemaRegistryServer
+
+    schema = {"type": "record", "name": "Ping", "fields": [{"name": "n", "type": "int"},
+                                                           {"name": "note", "type": ["null", "string"]}]}
+    broker.create_topics({topic_name: 1})
+    with SchemaRegistryServer() as registry:
+        schema_id = registry.register(f"{topic_name}-value", schema)
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {},
+                          settings={"schemaRegistry": {"url": registry.url}})
+        (conf / "topics" / f"{topic_name}.yaml").write_text(yaml.safe_dump({"name": topic_name,
+                                                                             "contentType": "AVRO"}))
+        result = herald("publish", "--conf", str(conf), topic_name, '{"n": 1, "note": "hi"}', '{"n": "one"}')
+    assert result.returncode == 1 and "message 2 rejected: does not fit the topic's Avro schema" in result.stderr
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "t", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic_name, 0, 0)])
+    [message] = [m for m in consumer.consume(10, timeout=10) if m.error() is None]
+    consumer.close()
+    import io
+
+    import fastavro
+
+    value = message.value()
+    assert value[0] == 0 and int.from_bytes(value[1:5], "big") == schema_id
+    assert fastavro.schemaless_reader(io.BytesIO(value[5:]), fastavro.parse_schema(schema)) == {"n": 1, "note": "hi"}
