@@ -35,7 +35,6 @@ DECODED_FIELDS = [
     pa.field("schema_version", pa.int32()),
     pa.field("decode_error", pa.string()),
 ]
-DECODED_DDL = "json string, payload binary, schema_id int, schema_version int, decode_error string"
 
 
 class DecodeError(ValueError):

@@ -75,12 +75,11 @@ class PartitionSender:
         exhausted = False
         with ThreadPoolExecutor(max_workers=max(1, plan.inflight), thread_name_prefix="herald-send") as workers:
             while True:
-                now = self.clock()
-                if flow.adjust(now):
+                if flow.adjust(self.clock()):
                     cap.set_rate(flow.rate_per_s)
                 if not exhausted:
                     exhausted = self._admit(source)
-                wait_s = self._dispatch(workers, flow, cap, now)
+                wait_s = self._dispatch(workers, flow, cap, self.clock())  # reading may have blocked
                 if exhausted and self._in_flight == 0:
                     break
                 self._collect(flow, wait_s)
@@ -104,9 +103,8 @@ class PartitionSender:
             counters.read += 1
             self.report.saw(record.topic, record.partition, record.offset)
             if record.error is not None:
-                self._in_flight += 1
                 self._discard(Delivery(record, record.message_id, first_read_at=now, due_at=now),
-                              f"Message could not be decoded: {record.error}")
+                              f"Message could not be decoded: {record.error}", in_flight=False)
                 continue
             if not record.matched:
                 counters.filtered += 1
@@ -211,9 +209,11 @@ class PartitionSender:
             oauth=self.plan.oauth,
         )
 
-    def _discard(self, delivery: Delivery, reason: str) -> None:
+    def _discard(self, delivery: Delivery, reason: str, in_flight: bool = True) -> None:
+        """Give the message up: counted, and reported for the undelivered table. `in_flight`: it held a place."""
         delivery.finish("discarded")
-        self._in_flight -= 1
+        if in_flight:
+            self._in_flight -= 1
         self.report.counters.discarded += 1
         record = delivery.record
         self.report.discarded.append(

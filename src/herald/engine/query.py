@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
+from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.types import StructField, StructType
 
 from herald.avro.decode import DECODED_FIELDS, decode_batches
 from herald.config import HeraldConfig, Subscription, filter_rules
@@ -41,9 +42,6 @@ from herald.storage.tables import (
 log = logging.getLogger(__name__)
 
 START_BATCH_ID = -1  # offsets rows holding the position a subscription started from
-
-_SPARK_TYPES = {"json": StringType(), "payload": BinaryType(), "schema_id": IntegerType(),
-                "schema_version": IntegerType(), "decode_error": StringType()}
 
 
 def checkpoint_location(storage_path: str, subscription_id: str) -> str:
@@ -127,7 +125,7 @@ class SubscriptionStream:
     def _decoded(self, raw):
         """An AVRO topic: every record decoded once (JSON text for the filters), and what to deliver."""
         source = self.config.avro_source(self.topic)
-        schema = StructType(raw.schema.fields + [StructField(f.name, _SPARK_TYPES[f.name]) for f in DECODED_FIELDS])
+        schema = StructType(raw.schema.fields + [StructField(f.name, from_arrow_type(f.type)) for f in DECODED_FIELDS])
         decoded = raw.mapInArrow(decode_batches(source), schema)
         avro_delivery = self.subscription.contentType is ContentType.AVRO
         delivery = {
