@@ -53,8 +53,27 @@ def plain_value(value: Any) -> Any:
     return value
 
 
+def _json_default(value: Any) -> Any:
+    """Called by json.dumps only for what JSON has no type for: bytes/fixed and decimals."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("latin-1")
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not an Avro value")
+
+
 def to_json(record: dict) -> str:
-    """A decoded top-level record as compact JSON text, without Hermes' `__metadata` field."""
+    """A decoded top-level record as compact JSON text, without Hermes' `__metadata` field.
+
+    json.dumps converts bytes and decimals as it meets them (no walk over the record first); only a record
+    holding a non-finite float, which JSON cannot hold, takes the slower walk that turns it into null.
+    """
     if METADATA_FIELD in record:
         record = {key: value for key, value in record.items() if key != METADATA_FIELD}
-    return json.dumps(plain_value(record), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return json.dumps(record, default=_json_default, **_COMPACT)
+    except ValueError:  # NaN or Infinity somewhere
+        return json.dumps(plain_value(record), **_COMPACT)
+
+
+_COMPACT = {"ensure_ascii": False, "separators": (",", ":"), "allow_nan": False}

@@ -7,10 +7,11 @@ Two encodings, as the topic declares:
   Avro binary written with that (writer) schema. Records written with an older registered schema decode with
   their own schema, so schema evolution needs nothing more.
 
-Each record becomes: `json` (the record as plain JSON, see `herald.avro.convert`), `payload` (the Avro binary
-without the wire-format prefix: what an AVRO subscription receives), `schema_id` / `schema_version` (for the
-Schema-Id / Schema-Version headers), or `decode_error` saying why it could not be decoded (such a record is
-not delivered: it goes to the undelivered table, and the subscription carries on).
+Each record becomes: `json` (the record as plain JSON, see `herald.avro.convert`), `schema_id` /
+`schema_version` (for the Schema-Id / Schema-Version headers), or `decode_error` saying why it could not be
+decoded (such a record is not delivered: it goes to the undelivered table, and the subscription carries on).
+What an AVRO subscription receives, the Avro binary without the wire-format prefix, is cut from the value in
+the JVM (`AvroSource.payload_sql`), so the bytes do not travel through Python twice.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ WIRE_MAGIC = 0
 
 DECODED_FIELDS = [
     pa.field("json", pa.string()),
-    pa.field("payload", pa.binary()),
     pa.field("schema_id", pa.int32()),
     pa.field("schema_version", pa.int32()),
     pa.field("decode_error", pa.string()),
@@ -56,6 +56,11 @@ class AvroSource:
     schema_json: str | None = None
     registry_url: str | None = None
     subject: str | None = None
+
+    @property
+    def payload_sql(self) -> str:
+        """Spark SQL for the plain Avro binary of the `value` column (wire format: skip magic byte and id)."""
+        return "value" if self.registry_url is None else "substring(value, 6)"
 
     def decoder(self) -> AvroDecoder:
         return AvroDecoder(self)
@@ -117,9 +122,9 @@ def decode_batches(source: AvroSource):
             for value in batch.column("value").to_pylist():
                 try:
                     decoded = decoder.decode(value)
-                    rows.append((decoded.json, decoded.payload, decoded.schema_id, decoded.schema_version, None))
+                    rows.append((decoded.json, decoded.schema_id, decoded.schema_version, None))
                 except DecodeError as error:
-                    rows.append((None, None, None, None, str(error)))
+                    rows.append((None, None, None, str(error)))
             columns = [pa.array(list(column), field.type) for column, field in zip(zip(*rows), DECODED_FIELDS)] \
                 if rows else [pa.array([], field.type) for field in DECODED_FIELDS]
             yield pa.RecordBatch.from_arrays(batch.columns + columns, schema=_with_decoded(batch.schema))

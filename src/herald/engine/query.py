@@ -129,7 +129,7 @@ class SubscriptionStream:
         decoded = raw.mapInArrow(decode_batches(source), schema)
         avro_delivery = self.subscription.contentType is ContentType.AVRO
         delivery = {
-            "body": F.col("payload") if avro_delivery else F.col("json").cast("binary"),
+            "body": F.expr(source.payload_sql) if avro_delivery else F.col("json").cast("binary"),
             "text": F.col("json") if avro_delivery else F.lit(None).cast("string"),
             "error": F.col("decode_error"),
             "raw": F.when(F.col("decode_error").isNotNull(), F.col("value")),
