@@ -135,7 +135,9 @@ class FlowController:
         if successes + failures == 0:
             return False
         before = (self.mode, self._rate)
-        getattr(self, f"_adjust_{self.mode.value.lower()}")(successes, failures)
+        adjust = {FlowMode.NORMAL: self._adjust_normal, FlowMode.SLOW: self._adjust_slow,
+                  FlowMode.HEARTBEAT: self._adjust_heartbeat}[self.mode]
+        adjust(successes, failures)
         if (self.mode.severity, -self._rate) > (before[0].severity, -before[1]):
             self._ignore_before = now  # slowed down: earlier attempts' results belong to the old window
         return (self.mode, self._rate) != before

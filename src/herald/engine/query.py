@@ -12,7 +12,6 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_type
@@ -48,15 +47,6 @@ def checkpoint_location(storage_path: str, subscription_id: str) -> str:
     return f"{storage_path.rstrip('/')}/checkpoints/{subscription_id}"
 
 
-@dataclass
-class BatchResult:
-    batch_id: int
-    read: int
-    delivered: int
-    discarded: int
-    filtered: int
-
-
 class SubscriptionStream:
     """The streaming query of one subscription."""
 
@@ -69,7 +59,6 @@ class SubscriptionStream:
         self.connector = connector
         self.flow_state = FlowState()
         self.query = None
-        self.last_result: BatchResult | None = None
         self._query_id: str | None = None
         self._started = threading.Event()
 
@@ -170,8 +159,6 @@ class SubscriptionStream:
         self.flow_state = FlowState.combine(summary.flow_states, self.flow_state)
         self._store(summary, batch_id)
         counters = summary.counters
-        self.last_result = BatchResult(batch_id, counters.read, counters.delivered, counters.discarded,
-                                       counters.filtered)
         log.info(
             "%s batch %d: read %d, delivered %d, discarded %d, filtered %d, %d attempts in %.1f s over %d task(s); "
             "flow %s", subscription.id, batch_id, counters.read, counters.delivered, counters.discarded,

@@ -44,10 +44,6 @@ class TableStore(ABC):
     def append(self, table: str, rows: pa.Table, txn: BatchTxn) -> bool:
         """Append `rows` unless `txn` was already written to `table`; True when written."""
 
-    @abstractmethod
-    def written_version(self, table: str, app_id: str) -> int | None:
-        """The highest transaction version written for `app_id`, or None."""
-
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         """Rows of `table` (all, or one subscription's), read with delta-rs; empty if the table does not exist."""
         return DeltaRsStore.read_table(self.path(table), table, subscription_id, self.storage_options())
@@ -71,14 +67,6 @@ class DeltaRsStore(TableStore):
 
     def storage_options(self) -> dict[str, str] | None:
         return self._options
-
-    def written_version(self, table: str, app_id: str) -> int | None:
-        from deltalake import DeltaTable
-
-        path = self.path(table)
-        if not DeltaTable.is_deltatable(path, storage_options=self._options):
-            return None
-        return DeltaTable(path, storage_options=self._options).transaction_version(app_id)
 
     def _ensure(self, table: str) -> None:
         from deltalake import DeltaTable
@@ -139,9 +127,6 @@ class SparkDeltaStore(TableStore):
     def __init__(self, spark, storage_path: str) -> None:
         super().__init__(storage_path)
         self.spark = spark
-
-    def written_version(self, table: str, app_id: str) -> int | None:
-        return None  # delta-spark checks txnAppId/txnVersion itself when writing
 
     def append(self, table: str, rows: pa.Table, txn: BatchTxn) -> bool:
         frame = self.spark.createDataFrame(rows.cast(SCHEMAS[table]))
