@@ -98,7 +98,11 @@ class Runner:
 
 
 def _short(error) -> str:
+    """The root cause of a failed query: the last `SomethingError: ...` line of the (Java and Python) chain."""
+    import re
+
     from herald.endpoint import mask_secrets
 
-    text = str(getattr(error, "desc", None) or error)
-    return mask_secrets(text.strip().splitlines()[0] if text.strip() else repr(error))
+    lines = [line.strip() for line in str(getattr(error, "desc", None) or error).splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return mask_secrets(causes[-1] if causes else (lines[0] if lines else repr(error)))
