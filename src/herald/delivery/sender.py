@@ -148,8 +148,10 @@ class PartitionSender:
     def _attempt(self, delivery: Delivery, retry_count: int, started_at: float) -> None:
         """Worker thread: one HTTP attempt; the result goes back to the loop."""
         record = delivery.record
+        schema = self.plan.schema_headers
         headers = attempt_headers(self.plan.headers, delivery.message_id, retry_count,
-                                  *((record.schema_id, record.schema_version) if self.plan.schema_headers else ()))
+                                  schema_id=record.schema_id if schema else None,
+                                  schema_version=record.schema_version if schema else None)
         body = record.value or b""
         try:
             result = self.transport.post(self.plan.url, body, headers)
