@@ -1,7 +1,7 @@
 """Throughput of compiled filters vs per-row Python, on the same messages (JSON, and Avro topics).
 
-Run:  .venv/bin/python tests/benchmarks/filter_throughput.py [--variant json|avro|both] [--messages 1000000]
-                                                            [--python-sample 50000] [--rounds 3]
+Run:  .venv/bin/python tests/benchmarks/filter_throughput.py [--variant json|avro|targets|both]
+                                                            [--messages 1000000] [--python-sample 50000] [--rounds 3]
 
 JSON variant (the default; `--rows` is an alias of `--messages`):
 
@@ -27,6 +27,14 @@ Decoding is Python work in BOTH paths, so the Avro ratio is bounded by the decod
 JSON variant's compiled-vs-Python evaluation. The breakdown of (a) shows decode alone, the filters alone (on the
 decoded JSON, cached) and decode + filters; CPU time for (a) is the whole Spark process tree (JVM and its Python
 workers, from /proc).
+
+Targets variant (not part of `both`): the cost of one topic's subscriptions evaluated together with
+herald.filters.targets.with_targets, for S = 1, 10 and 50 rule sets over the same cached JSON messages (each with
+a `kind` no set asks for). Set i is `$.kind` equal to a value of its own, plus `$.user.country ~ PL|DE` (the same
+rule in every set), so nothing matches and every row pays for every set. Rows with a target are counted (zero),
+which evaluates `targets` for every row. Prints rows/s and rows per JVM CPU-second for each S (best of
+interleaved rounds), filter_column with set 0 for reference, and the time ratio S=50 / S=1 (the fan-out budget
+is 1.5x).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from herald.engine.session import get_or_create_session  # noqa: E402
 from herald.filters import FilterRule, evaluate, filter_column  # noqa: E402
 from herald.filters.compile import python_udf_column  # noqa: E402
+from herald.filters.targets import with_targets  # noqa: E402
 
 RULES = [
     FilterRule("jsonpath", "PL|DE", path="$.user.country"),
@@ -63,16 +72,19 @@ def herald_matches(frame, condition):
     return frame.select(condition.alias("matched")).where("matched")
 
 
-def messages(spark, rows: int):
-    """ROWS JSON messages of about 330 bytes; every 4th user is in each country, addresses vary by row."""
+def messages(spark, rows: int, kind: bool = False):
+    """ROWS JSON messages of about 330 bytes; every 4th user is in each country, addresses vary by row. With
+    `kind`, each starts with a `"kind": "event.<n>"` member (n < 20)."""
     pick = lambda values, modulo: F.element_at(F.array(*[F.lit(v) for v in values]), (F.col("id") % modulo + 1).cast("int"))  # noqa: E731
+    head, head_args = ('{"kind": "event.%d", ', [F.col("id") % 20]) if kind else ("{", [])
     text = F.format_string(
-        '{"id": %d, "type": "order.%s", "amount": %d.25, "user": {"name": "user%d", "email": "user%d@example.%s", '
-        '"country": "%s", "addresses": [{"country": "%s", "city": "c%d"}, {"country": "%s", "city": "x"}]}, '
-        '"tags": ["a", "b", "c"], "note": "lorem ipsum dolor sit amet, consectetur adipiscing elit"}',
-        F.col("id"), pick(["created", "paid", "sent"], 3), F.col("id") % 1000, F.col("id") % 997, F.col("id") % 997,
-        pick(["com", "org", "net"], 3), pick(COUNTRIES, 4), pick(["PL", "DE", "GB"], 3), F.col("id") % 7,
-        pick(["CZ", "CZ", "CZ", "CZ", "GB"], 5),
+        head + '"id": %d, "type": "order.%s", "amount": %d.25, "user": {"name": "user%d", '
+        '"email": "user%d@example.%s", "country": "%s", "addresses": [{"country": "%s", "city": "c%d"}, '
+        '{"country": "%s", "city": "x"}]}, "tags": ["a", "b", "c"], '
+        '"note": "lorem ipsum dolor sit amet, consectetur adipiscing elit"}',
+        *head_args, F.col("id"), pick(["created", "paid", "sent"], 3), F.col("id") % 1000, F.col("id") % 997,
+        F.col("id") % 997, pick(["com", "org", "net"], 3), pick(COUNTRIES, 4), pick(["PL", "DE", "GB"], 3),
+        F.col("id") % 7, pick(["CZ", "CZ", "CZ", "CZ", "GB"], 5),
     )
     return spark.range(rows).select(F.encode(text, "utf-8").alias("value"))
 
@@ -421,9 +433,55 @@ def avro_variant(spark, clock: Clock, args) -> None:
     data.unpersist()
 
 
+# ------------------------------------------------------------------------------------------------ Targets variant
+
+FANOUT_SIZES = (1, 10, 50)
+
+
+def fanout_rule_sets(count: int) -> list[list[FilterRule]]:
+    """`count` rule sets that match none of the messages (whose kinds are event.0 to event.19)."""
+    return [[FilterRule("jsonpath", f"subscription-{i}", path="$.kind"),
+             FilterRule("jsonpath", "PL|DE", path="$.user.country")] for i in range(count)]
+
+
+def targets_variant(spark, clock: Clock, args) -> None:
+    cores = spark.sparkContext.defaultParallelism
+    data = (messages(spark, args.messages, kind=True).repartition(cores)
+            .withColumn("headers", F.lit(None).cast(HEADERS_DDL)).cache())
+    total = data.count()
+    print(f"\n=== Targets variant ===\nload average before the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} "
+          f"CPUs\nmessages: {total:,} cached JSON values, Spark local[{cores}]; set i: $.kind ~ subscription-i "
+          "(a literal: an equality test) AND $.user.country ~ PL|DE (a regex, the same rule in every set)")
+
+    def count_targets(frame):
+        return frame.where(F.size("targets") > 0).count()
+
+    runs = {size: with_targets(data, fanout_rule_sets(size), "value", "headers") for size in FANOUT_SIZES}
+    reference = herald_matches(data, filter_column(fanout_rule_sets(1)[0]))
+    for frame in runs.values():
+        assert count_targets(frame) == 0  # warm-up (code generation, JIT), and nothing matches
+    times = {size: [] for size in [*FANOUT_SIZES, "filter_column"]}
+    for _ in range(args.rounds):  # interleaved: every S sees the same machine
+        for size, frame in runs.items():
+            times[size].append(clock.measure(lambda frame=frame: count_targets(frame), jvm=True))
+        times["filter_column"].append(clock.measure(lambda: reference.count(), jvm=True))
+    wall = {key: min(run[1] for run in measured) for key, measured in times.items()}
+    cpu = {key: min(run[2] for run in measured) for key, measured in times.items()}
+    print(f"\nfilter_column, set 0 alone (reference): {total / wall['filter_column']:>10,.0f} rows/s, "
+          f"{total / cpu['filter_column']:>10,.0f} rows per JVM CPU-second")
+    for size in FANOUT_SIZES:
+        print(f"with_targets, S={size:<3}: {total / wall[size]:>10,.0f} rows/s ({wall[size]:.2f} s), "
+              f"{total / cpu[size]:>10,.0f} rows per JVM CPU-second")
+    first, last = FANOUT_SIZES[0], FANOUT_SIZES[-1]
+    print(f"load average after the run: {os.getloadavg()[0]:.2f}")
+    print(f"\ntime ratio S={last} / S={first}: {wall[last] / wall[first]:.2f}x wall clock, "
+          f"{cpu[last] / cpu[first]:.2f}x JVM CPU (budget 1.5x)")
+    data.unpersist()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", choices=["json", "avro", "both"], default="json")
+    parser.add_argument("--variant", choices=["json", "avro", "targets", "both"], default="json")
     parser.add_argument("--messages", "--rows", dest="messages", type=int, default=1_000_000)
     parser.add_argument("--python-sample", type=int, default=50_000)
     parser.add_argument("--udf-rows", type=int, default=200_000, help="JSON variant: rows for the pandas UDF run")
@@ -439,6 +497,8 @@ def main() -> None:
         json_variant(spark, clock, args)
     if args.variant in ("avro", "both"):
         avro_variant(spark, clock, args)
+    if args.variant == "targets":
+        targets_variant(spark, clock, args)
     spark.stop()
 
 

@@ -14,14 +14,14 @@ from herald.filters.jsonpath import (
     Index,
     Wildcard,
     normalise,
-    parse_avropath,
     parse_jsonpath,
     render,
     spark_expressible,
     spark_path,
 )
-from herald.filters.python_eval import INVALID, java_double, json_text, parse_json, select, value_text
-from herald.filters.regex import check_matcher, python_pattern, spark_pattern, translate
+from herald.filters.python_eval import select
+from herald.filters.regex import check_matcher, literal, python_pattern, spark_pattern, translate
+from herald.filters.values import INVALID, java_double, json_text, parse_json, value_text
 
 
 def jp(path, matcher, strategy="all"):
@@ -126,18 +126,6 @@ def test_names_spark_cannot_spell_are_evaluated_in_python():
     assert check_rule(jp("$['odd.key']", "x")) == []
 
 
-@pytest.mark.parametrize(
-    "path, steps",
-    [
-        ("user.addresses[*].city", (Field("user"), Field("addresses"), Wildcard(), Field("city"))),
-        (".user.addresses[2].city.", (Field("user"), Field("addresses"), Index(2), Field("city"))),
-        ("a.[1]", (Field("a"), Field("[1]"))),  # Hermes: a bare [1] segment is a field name
-    ],
-)
-def test_avro_paths_parse_to_the_same_steps(path, steps):
-    assert parse_avropath(path) == steps
-
-
 # ------------------------------------------------------------------------------------------ rules
 
 
@@ -201,6 +189,48 @@ def test_spark_pattern_anchors_the_whole_value():
 )
 def test_java_regex_translation(java, text, expected):
     assert (python_pattern(java).fullmatch(text) is not None) is expected
+
+
+@pytest.mark.parametrize(
+    "matcher, text",
+    [
+        ("PL", "PL"),
+        ("", ""),
+        ("order\\.created", "order.created"),
+        ("a-b c_d:e@f/g#h,i=j!k<l>&%~\"'", "a-b c_d:e@f/g#h,i=j!k<l>&%~\"'"),
+        ("\\Qa.b*\\E!", "a.b*!"),
+        ("\\Qopen", "open"),
+        ("\\\\", "\\"),
+        ("zoë ✓", "zoë ✓"),
+        ("PL|DE", None),
+        ("P.", None),
+        ("a+", None),
+        ("(?i)pl", None),
+        ("x{2}", None),
+        ("]", None),
+        ("^PL$", None),
+        ("\\d", None),
+        ("\\n", None),
+        ("\\1", None),
+        ("\\é", None),
+        ("trailing\\", None),
+        ("\ufffd", None),  # rlike decodes invalid UTF-8 to U+FFFD: only the regex answers like rlike
+    ],
+)
+def test_literal_matchers(matcher, text):
+    assert literal(matcher) == text
+    if text is not None:  # the literal is exactly what the whole-value regex matches
+        assert python_pattern(matcher).fullmatch(text) is not None
+        assert python_pattern(matcher).fullmatch(text + "x") is None
+
+
+def test_literal_matchers_compile_without_regex_or_lambda():
+    from herald.filters.sql import Names, matched, strategy_match
+
+    assert matched("`v`", "order\\.paid") == "coalesce(`v` = 'order.paid', false)"
+    assert strategy_match(Names(), "`v`", "GB", "any") == "coalesce(array_contains(`v`, 'GB'), false)"
+    assert strategy_match(Names(), "`v`", "GB", "all") == "coalesce(array_distinct(`v`) = array('GB'), false)"
+    assert "RLIKE" in strategy_match(Names(), "`v`", "G.", "all") and "RLIKE" in matched("`v`", "G.")
 
 
 def test_java_only_regex_is_fine_natively_but_not_in_python():
@@ -379,15 +409,18 @@ def test_generated_sql_shares_one_parse_and_puts_cheap_rules_first():
 def test_generated_sql_for_single_and_conflicting_member_paths():
     from herald.filters.compile import rules_sql
 
-    single, _ = rules_sql([jp("$.user.country", "PL")], "`value`", "`headers`")
+    single, _ = rules_sql([jp("$.user.country", "PL|DE")], "`value`", "`headers`")
     assert single.startswith("(coalesce(get_json_object(cast(`value` as string), '$.user.country') RLIKE")
+    plain, _ = rules_sql([jp("$.user.country", "P\\.L")], "`value`", "`headers`")  # a literal: no regex
+    assert plain == "(coalesce(get_json_object(cast(`value` as string), '$.user.country') = 'P.L', false))"
     conflict, _ = rules_sql([jp("$.user", ".*"), jp("$.user.country", "PL")], "`value`", "`headers`")
     assert "from_json" not in conflict and conflict.count("get_json_object") == 2
     assert rules_sql([], "`value`", "`headers`") == ("true", [])
 
 
 def test_sql_literals():
-    from herald.filters.compile import column_ref, ident, lit, typed_ddl
+    from herald.filters.jsonpath_sql import typed_ddl
+    from herald.filters.sql import column_ref, ident, lit
 
     assert lit("$.user.country") == "'$.user.country'"
     assert lit("it's") == "decode(X'69742773', 'UTF-8')"

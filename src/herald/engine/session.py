@@ -23,6 +23,9 @@ _LOCAL_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.streaming.stopTimeout": "60s",
     "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+    # One projection evaluates every subscription's filter: with tens of subscriptions its generated method
+    # passes the JVM's 8000-byte JIT limit and would run interpreted; past this size Spark splits it instead.
+    "spark.sql.codegen.hugeMethodLimit": "8000",
 }
 
 

@@ -19,7 +19,7 @@ first):
   header never matches; a repeated header is matched with matchingStrategy over its values
 - rules are AND-ed in declaration order; no rules means every message passes
 
-Documented differences from Hermes (see the module docs of compile.py and python_eval.py):
+Documented differences from Hermes (see the module docs of jsonpath_sql.py and python_eval.py):
 - a nested object compares as compact JSON (`{"a":1}`), where Hermes gives Java's map text (`{a=1}`)
 - with `any`, a JSON null before a matching value still lets the message pass (Hermes hits an NPE and filters it)
 - Hermes' MatchingStrategy falls back to ALL on an unknown value; Herald rejects it at validation
@@ -45,7 +45,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from herald.filters.avropath import parse_segments
-from herald.filters.jsonpath import JsonPath, parse_avropath, parse_jsonpath
+from herald.filters.jsonpath import JsonPath, parse_jsonpath, spark_expressible
+from herald.filters.python_eval import evaluate, evaluate_rule
 from herald.filters.regex import check_matcher, python_pattern
 from herald.filters.rules import FilterError, FilterRule, validate_basics
 
@@ -55,7 +56,6 @@ __all__ = [
     "check_rule",
     "filter_column",
     "parse_jsonpath",
-    "parse_avropath",
     "parse_segments",
     "JsonPath",
     "evaluate",
@@ -66,8 +66,6 @@ __all__ = [
 def check_rule(rule: FilterRule) -> list[str]:
     """Validate one rule without Spark. Raise FilterError when it is invalid or unsupported; return notes
     worth printing (e.g. that the path is evaluated in Python, which is slower)."""
-    from herald.filters.jsonpath import spark_expressible
-
     validate_basics(rule)
     java_only = check_matcher(rule.matcher)
     notes: list[str] = []
@@ -102,6 +100,8 @@ def filter_column(rules: Sequence[FilterRule], value_col="value", headers_col="h
     array<struct<key:string,value:binary>> column. Column names, not Column objects: the native rules become one
     SQL expression. Raises FilterError for an invalid rule. True when `rules` is
     empty. Native rules run in the JVM; paths Spark cannot express run in a pandas UDF (see check_rule notes).
+    For the subscriptions of one topic, herald.filters.targets.with_targets evaluates all their filters in one
+    projection, parsing each message once.
     """
     from herald.filters.compile import compile_rules
 
@@ -109,18 +109,3 @@ def filter_column(rules: Sequence[FilterRule], value_col="value", headers_col="h
     for rule in rules:
         check_rule(rule)
     return compile_rules(rules, value_col, headers_col)
-
-
-def evaluate_rule(rule: FilterRule, value, headers=None) -> bool:
-    """Pure-Python evaluation of one rule for one message (reference semantics; no Spark). `value` is JSON text
-    (bytes or str); for avropath rules it may also be a decoded Avro record (a dict from fastavro)."""
-    from herald.filters.python_eval import evaluate_rule as _evaluate_rule
-
-    return _evaluate_rule(rule, value, headers)
-
-
-def evaluate(rules: Sequence[FilterRule], value, headers=None) -> bool:
-    """Pure-Python evaluation of rules AND-ed in order for one message (True when there are none)."""
-    from herald.filters.python_eval import evaluate as _evaluate
-
-    return _evaluate(rules, value, headers)

@@ -37,7 +37,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from herald.avro.convert import METADATA_FIELD, plain_value
 from herald.filters.rules import FilterError
+from herald.filters.values import INVALID, parse_json, value_text
 
 NULL_TEXT = "null"
 MAX_INDEX = 2**31 - 1
@@ -137,9 +139,6 @@ def select_texts(segments: Sequence[Segment], value) -> list[str]:
     """The texts an avropath rule compares for one message value: a decoded Avro record (dict, as fastavro's
     reader returns it with `plain_schema`), or the JSON text Herald converts it to (str or bytes).
     Anything else (None, invalid JSON) selects nothing."""
-    from herald.avro.convert import METADATA_FIELD, plain_value
-    from herald.filters.python_eval import INVALID, parse_json, value_text
-
     if isinstance(value, dict):
         if METADATA_FIELD in value:  # to_json drops Hermes' envelope, so filters do not see it either
             value = {key: item for key, item in value.items() if key != METADATA_FIELD}

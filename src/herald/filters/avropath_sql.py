@@ -21,10 +21,11 @@ a record), and evaluates the rest of the path on each object element's text the 
 where such an array is missing or null pay one extra (pruned) parse; rows where it is mixed also pay the variant
 parse and one parse per element.
 
-All avropath rules of one `filter_column` call read one `from_json` (their path schemas merged; rules whose paths
-disagree on a field's shape, or name siblings that differ only in case, get their own), bound once per row with a
-lambda. The selection is an `array<string>` without nulls; `any` -> exists, `all` -> size > 0 and forall, with
-the matcher anchored to the whole value, as for jsonpath rules.
+All avropath rules of one `filter_column` call, or of every rule set of one `with_targets` call, read one
+`from_json` (`shape_groups`: their path schemas merged; rules whose paths disagree on a field's shape, or name
+siblings that differ only in case, get their own), bound once per row with a lambda (filter_column) or as a helper
+column (with_targets). The selection is an `array<string>` without nulls; `any` -> exists, `all` -> size > 0 and
+forall, with the matcher matching the whole value, as for jsonpath rules (herald.filters.sql).
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from herald.filters.avropath import NULL_TEXT, Segment, parse_segments
-from herald.filters.compile import _EMPTY, _let_array, _let_bool, _Names, _strategy, ident, lit, schema_lit
-from herald.filters.regex import spark_pattern
 from herald.filters.rules import FilterRule
+from herald.filters.sql import EMPTY, Names, ident, let_array, let_bool, lit, schema_lit, strategy_match
 
 _NULL = lit(NULL_TEXT)
 
@@ -54,6 +54,11 @@ class Shape:
         if self.kind == "struct":
             return "struct<" + ", ".join(f"{ident(name)}: {shape.ddl()}" for name, shape in self.fields.items()) + ">"
         return "string"
+
+
+def shape_parse(text: str, shape: Shape) -> str:
+    """The JSON text `text` read with `shape`."""
+    return f"from_json({text}, {schema_lit(shape.ddl())})"
 
 
 def path_shape(segments: Sequence[Segment]) -> Shape:
@@ -94,7 +99,7 @@ def _needs_fallback(segments: Sequence[Segment]) -> bool:
     return any(segment.array for segment in segments[:-1])
 
 
-def _typed(names: _Names, node: str, segments: Sequence[Segment]) -> str:
+def _typed(names: Names, node: str, segments: Sequence[Segment]) -> str:
     """array<string> the path selects under the non-null struct `node`; NULL when an array that must hold
     records came back null (missing, null, not an array, or mixed elements: the caller decides)."""
     segment, rest = segments[0], segments[1:]
@@ -102,21 +107,21 @@ def _typed(names: _Names, node: str, segments: Sequence[Segment]) -> str:
     if not segment.array:
         if not rest:
             return f"array(coalesce({value}, {_NULL}))"
-        return f"CASE WHEN {value} IS NULL THEN {_EMPTY} ELSE {_typed(names, value, rest)} END"
+        return f"CASE WHEN {value} IS NULL THEN {EMPTY} ELSE {_typed(names, value, rest)} END"
     if not rest:  # array<string>: every element reads as text, so null means missing, null or not an array
         if segment.selector == "*":
             item = names()
             selected = f"transform({value}, {item} -> coalesce({item}, {_NULL}))"
         else:
             selected = f"array(coalesce(try_element_at({value}, {segment.selector + 1}), {_NULL}))"
-        return f"CASE WHEN {value} IS NULL THEN {_EMPTY} ELSE {selected} END"
+        return f"CASE WHEN {value} IS NULL THEN {EMPTY} ELSE {selected} END"
     if segment.selector == "*":
         item = names()
-        per_item = f"CASE WHEN {item} IS NULL THEN {_EMPTY} ELSE {_typed(names, item, rest)} END"
+        per_item = f"CASE WHEN {item} IS NULL THEN {EMPTY} ELSE {_typed(names, item, rest)} END"
         selected = f"flatten(transform({value}, {item} -> {per_item}))"  # NULL when any item's answer is NULL
     else:
         element = f"try_element_at({value}, {segment.selector + 1})"
-        selected = f"CASE WHEN {element} IS NULL THEN {_EMPTY} ELSE {_typed(names, element, rest)} END"
+        selected = f"CASE WHEN {element} IS NULL THEN {EMPTY} ELSE {_typed(names, element, rest)} END"
     return f"CASE WHEN {value} IS NOT NULL THEN {selected} END"
 
 
@@ -127,7 +132,7 @@ def _array_ddl(prefix: Sequence[Segment], name: str, element: str) -> str:
     return ddl
 
 
-def _fallback(names: _Names, text: str, segments: Sequence[Segment]) -> str:
+def _fallback(names: Names, text: str, segments: Sequence[Segment]) -> str:
     """array<string> (never null) the path selects from `text`, reading the first array of records element by
     element: texts from `array<string>`, kinds from `array<variant>`."""
     position = next(i for i, segment in enumerate(segments[:-1]) if segment.array)
@@ -143,55 +148,59 @@ def _fallback(names: _Names, text: str, segments: Sequence[Segment]) -> str:
         if segment.selector == "*":
             element, kind = names(), names()
             per_element = (f"CASE WHEN {is_object(kind)} THEN {text_values(names, element, rest)} "
-                           f"ELSE {_EMPTY} END")
+                           f"ELSE {EMPTY} END")
             picked = f"flatten(zip_with({elements}, {kinds}, ({element}, {kind}) -> {per_element}))"
         else:
             index = segment.selector + 1
             picked = (f"CASE WHEN {is_object(f'try_element_at({kinds}, {index})')} "
-                      f"THEN {text_values(names, f'try_element_at({elements}, {index})', rest)} ELSE {_EMPTY} END")
-        return f"CASE WHEN {elements} IS NULL THEN {_EMPTY} ELSE {picked} END"
+                      f"THEN {text_values(names, f'try_element_at({elements}, {index})', rest)} ELSE {EMPTY} END")
+        return f"CASE WHEN {elements} IS NULL THEN {EMPTY} ELSE {picked} END"
 
-    return _let_array(names, texts, body)
+    return let_array(names, texts, body)
 
 
-def selected_values(names: _Names, root: str, segments: Sequence[Segment], text: str) -> str:
+def selected_values(names: Names, root: str, segments: Sequence[Segment], text: str) -> str:
     """array<string> (never null) the path selects; `root` is `text` parsed with a shape that covers the path."""
-    typed = f"CASE WHEN {root} IS NULL THEN {_EMPTY} ELSE {_typed(names, root, segments)} END"
+    typed = f"CASE WHEN {root} IS NULL THEN {EMPTY} ELSE {_typed(names, root, segments)} END"
     if not _needs_fallback(segments):
         return typed
     return f"coalesce({typed}, {_fallback(names, text, segments)})"
 
 
-def text_values(names: _Names, text: str, segments: Sequence[Segment]) -> str:
+def text_values(names: Names, text: str, segments: Sequence[Segment]) -> str:
     """array<string> (never null) the path selects from the JSON text `text` on its own."""
-    parsed = f"from_json({text}, {schema_lit(path_shape(segments).ddl())})"
-    return _let_array(names, parsed, lambda root: selected_values(names, root, segments, text))
+    return let_array(names, shape_parse(text, path_shape(segments)),
+                     lambda root: selected_values(names, root, segments, text))
 
 
-def avropath_conditions(names: _Names, rules: Sequence[FilterRule], text: str) -> list[str]:
-    """SQL conditions (never null) for the avropath rules, AND-ed: one per from_json the rules share."""
-    groups: list[tuple[Shape, list[tuple[FilterRule, tuple[Segment, ...]]]]] = []
+def shape_groups(rules: Sequence[FilterRule]) -> list[tuple[Shape, list[FilterRule]]]:
+    """avropath rules grouped so that each group's paths merge into one shape (one `from_json` per group): each
+    rule joins the first group it merges with."""
+    groups: list[tuple[Shape, list[FilterRule]]] = []
     for rule in rules:
-        segments = parse_segments(rule.path)
-        shape = path_shape(segments)
+        shape = path_shape(parse_segments(rule.path))
         for position, (group_shape, members) in enumerate(groups):
             merged = merge(group_shape, shape)
             if merged is not None:
-                groups[position] = (merged, [*members, (rule, segments)])
+                groups[position] = (merged, [*members, rule])
                 break
         else:
-            groups.append((shape, [(rule, segments)]))
+            groups.append((shape, [rule]))
+    return groups
 
-    conditions = []
-    for shape, members in groups:
-        parsed = f"from_json({text}, {schema_lit(shape.ddl())})"
 
-        def body(root: str, members=members) -> str:
-            return " AND ".join(
-                "(" + _strategy(names, selected_values(names, root, segments, text), spark_pattern(rule.matcher),
-                                rule.strategy) + ")"
-                for rule, segments in members
-            )
+def avropath_condition(names: Names, root: str, text: str, rule: FilterRule) -> str:
+    """One avropath rule (never null); `root` is `shape_parse(text, shape)` for a shape that covers its path,
+    bound once per row by the caller."""
+    segments = parse_segments(rule.path)
+    return strategy_match(names, selected_values(names, root, segments, text), rule.matcher, rule.strategy)
 
-        conditions.append(_let_bool(names, parsed, body))
-    return conditions
+
+def avropath_conditions(names: Names, rules: Sequence[FilterRule], text: str) -> list[str]:
+    """SQL conditions (never null) for the avropath rules, AND-ed: one per from_json the rules share."""
+    return [
+        let_bool(names, shape_parse(text, shape),
+                 lambda root, members=members: " AND ".join(f"({avropath_condition(names, root, text, rule)})"
+                                                            for rule in members))
+        for shape, members in shape_groups(rules)
+    ]

@@ -10,9 +10,7 @@ A path outside that subset (recursive descent `..`, filter expressions `[?(...)]
 unions, functions) is still accepted when jsonpath-ng's extended parser can read it; it is then evaluated in
 Python (`JsonPath.steps is None`). A path neither can read raises FilterError.
 
-Avro paths (`user.addresses[*].city`, Hermes' AvroPathPredicate syntax) read literally as Hermes does map to the
-same steps with `parse_avropath`; avropath filters themselves use herald.filters.avropath (stricter syntax,
-Hermes' own selection rules), since their semantics differ from JSONPath's.
+avropath filters (`.user.addresses[*].city`) have their own syntax and selection rules: herald.filters.avropath.
 """
 
 from __future__ import annotations
@@ -215,6 +213,11 @@ def spark_expressible(steps: tuple[Step, ...]) -> bool:
     return all(spark_path([step]) is not None for step in steps if isinstance(step, Field))
 
 
+def native_path(path: JsonPath) -> bool:
+    """True when the path compiles to Spark expressions (otherwise it is evaluated in Python)."""
+    return path.steps is not None and spark_expressible(path.steps)
+
+
 def render(steps: tuple[Step, ...]) -> str:
     """Canonical JSONPath text of the steps (for messages and tests)."""
     out = ["$"]
@@ -227,24 +230,3 @@ def render(steps: tuple[Step, ...]) -> str:
         else:
             out.append("[*]")
     return "".join(out)
-
-
-_AVRO_SEGMENT = re.compile(r"(?P<selector>.+)\[(?P<index>\*|\d+)\]")
-
-
-def parse_avropath(path: str) -> tuple[Step, ...]:
-    """Hermes' AvroPathPredicate syntax as steps: dots stripped at both ends, split on '.', and a segment
-    `name[N]` / `name[*]` selects from the array field `name` (a bare `[1]` segment is a field name, as in Hermes).
-    Avropath filters validate with the stricter herald.filters.avropath.parse_segments, which rejects that."""
-    if not isinstance(path, str) or not path.strip("."):
-        raise FilterError("an avropath filter needs a non-empty 'path', e.g. '.user.addresses[*].city'")
-    steps: list[Step] = []
-    for segment in path.strip(".").split("."):
-        match = _AVRO_SEGMENT.fullmatch(segment)
-        if match:
-            steps.append(Field(match.group("selector")))
-            index = match.group("index")
-            steps.append(Wildcard() if index == "*" else Index(int(index)))
-        else:
-            steps.append(Field(segment))
-    return tuple(steps)

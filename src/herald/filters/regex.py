@@ -171,3 +171,35 @@ def spark_pattern(matcher: str) -> str:
     """The matcher for Spark's `rlike` (Java `find()`), anchored so that it must match the whole value.
     `\\z` rather than `$`: Java's `$` also matches before a final line terminator."""
     return f"^(?:{matcher})\\z"
+
+
+_META = set("\\^$.|?*+()[]{}")
+
+
+def literal(matcher: str) -> str | None:
+    """The one text a Java matcher matches as a whole value, when it is a plain literal (no metacharacter once
+    `\\.`-style escapes of ASCII punctuation and `\\Q...\\E` quotes are read); None otherwise. Such a matcher
+    compiles to an equality test, which is much cheaper than a regex per row. A text holding U+FFFD is never
+    taken: `rlike` decodes invalid UTF-8 to it, so only the regex gives the same answer on such bytes."""
+    out: list[str] = []
+    i, n = 0, len(matcher)
+    while i < n:
+        char = matcher[i]
+        if char == "\\":
+            nxt = matcher[i + 1 : i + 2]
+            if nxt == "Q":
+                end = matcher.find("\\E", i + 2)
+                out.append(matcher[i + 2 :] if end < 0 else matcher[i + 2 : end])
+                i = n if end < 0 else end + 2
+                continue
+            if not nxt or not nxt.isascii() or nxt.isalnum():
+                return None  # \d, \n, \1, \p{..}, ...: a class, a control character or a back reference
+            out.append(nxt)
+            i += 2
+            continue
+        if char in _META:
+            return None
+        out.append(char)
+        i += 1
+    text = "".join(out)
+    return None if "\ufffd" in text else text
