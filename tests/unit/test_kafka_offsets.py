@@ -1,4 +1,5 @@
-"""Pure offset helpers: the proportional read-limit split, canonical offsets and option parsing (no broker)."""
+"""Pure offset helpers: the proportional read-limit split, canonical offsets, option parsing and offsets options
+resolved against watermarks (no broker)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import random
 import pytest
 
 from herald.source.kafka_offsets import canonical_offsets, parse_topics, split_read_limit
+from herald.source.options import SourceOptions
+from herald.source.planning import resolve_offsets
 
 
 def _total(start, end) -> int:
@@ -109,10 +112,8 @@ def test_parse_topics():
 # -- option parsing of the herald_kafka source (pure; no JVM needed) -------------------------------------------
 
 
-def _parse(**options):
-    from herald.source.python_kafka import SourceOptions
-
-    return SourceOptions.parse({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "a.b", **options})
+def _parse(batch: bool = False, **options):
+    return SourceOptions.parse({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "a.b", **options}, batch=batch)
 
 
 def test_source_options_defaults_and_kafka_passthrough():
@@ -135,6 +136,9 @@ def test_source_options_defaults_and_kafka_passthrough():
         ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"includeHeaders": "false"}, "headers"),
+        ({"endingOffsets": "latest"}, "endingOffsets.*batch reads"),
+        ({"consumerCacheCapacity": "-1"}, "consumerCacheCapacity"),
+        ({"assign": '{"a.b": [0]}'}, "'subscribe' and 'assign' exclude each other"),
     ],
 )
 def test_source_options_errors_name_the_option(options, message):
@@ -143,9 +147,88 @@ def test_source_options_errors_name_the_option(options, message):
 
 
 def test_source_options_require_bootstrap_and_subscribe():
-    from herald.source.python_kafka import SourceOptions
-
     with pytest.raises(ValueError, match="kafka.bootstrap.servers"):
         SourceOptions.parse({"subscribe": "a.b"})
     with pytest.raises(ValueError, match="subscribe"):
         SourceOptions.parse({"kafka.bootstrap.servers": "x:1"})
+
+
+def test_source_options_of_a_batch_read_default_to_everything_there_is():
+    options = _parse(batch=True, consumerCacheCapacity="0")
+    assert (options.starting_offsets, options.ending_offsets) == ("earliest", "latest")
+    assert options.consumer_cache_capacity == 0
+    json_options = _parse(
+        batch=True, startingOffsets='{"a.b": {"0": 3, "1": -2}}', endingOffsets=' {"a.b": {"0": 3, "1": -1}} '
+    )
+    assert json_options.ending_offsets == '{"a.b": {"0": 3, "1": -1}}'
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingOffsets": "LATEST"}, "option 'startingOffsets' can't be latest in a batch read"),
+        ({"endingOffsets": "earliest"}, "option 'endingOffsets' can't be earliest in a batch read"),
+        ({"startingOffsets": '{"a.b": {"0": -1}}'}, r"startingOffsets for a.b/0 can't be latest \(-1\)"),
+        ({"endingOffsets": '{"a.b": {"0": -2}}'}, r"endingOffsets for a.b/0 can't be earliest \(-2\)"),
+        ({"endingOffsets": '{"a.b": {"x": 3}}'}, "endingOffsets: partition id 'x'"),
+        ({"endingOffsets": "[1]"}, "option 'endingOffsets' JSON must look like"),
+        (
+            {"startingOffsets": '{"a.b": {"0": 9, "1": 1}}', "endingOffsets": '{"a.b": {"0": 4, "1": 1}}'},
+            r"startingOffsets for a.b/0 \(9\) is after its endingOffsets \(4\)",
+        ),
+    ],
+)
+def test_batch_source_options_errors_name_the_option(options, message):
+    with pytest.raises(ValueError, match=message):
+        _parse(batch=True, **options)
+
+
+def test_batch_ignores_max_offsets_per_trigger_with_a_warning(caplog):
+    assert _parse(batch=True, maxOffsetsPerTrigger="5").max_offsets_per_trigger is None
+    assert "maxOffsetsPerTrigger' is ignored by batch reads" in caplog.text
+
+
+def test_assign_names_topics_and_partitions():
+    options = SourceOptions.parse({"kafka.bootstrap.servers": "x:1", "assign": '{"b.c": [2, 0, 2], "a.b": [1]}'})
+    assert options.topics == ("a.b", "b.c")
+    assert options.assigned == {"a.b": (1,), "b.c": (0, 2)}
+    assert _parse().assigned is None
+
+
+@pytest.mark.parametrize("assign", ["{}", '{"a.b": []}', '{"a.b": [-1]}', '{"a.b": ["0"]}', '["a.b"]', "{nope"])
+def test_assign_must_name_partitions(assign):
+    with pytest.raises(ValueError, match="option 'assign' must be JSON like"):
+        SourceOptions.parse({"kafka.bootstrap.servers": "x:1", "assign": assign})
+
+
+def test_subscribe_or_assign_is_required():
+    with pytest.raises(ValueError, match="'subscribe' .* or 'assign' .* is required"):
+        SourceOptions.parse({"kafka.bootstrap.servers": "x:1"})
+
+
+def test_resolve_offsets_replaces_markers_with_watermarks():
+    marks = {"t": {0: (5, 9), 1: (0, 4)}}
+    assert resolve_offsets("endingOffsets", {"t": {0: -2, 1: -1}}, marks) == {"t": {0: 5, 1: 4}}
+    assert resolve_offsets("endingOffsets", {"t": {0: 7, 1: 100}}, marks) == {"t": {0: 7, 1: 100}}
+
+
+@pytest.mark.parametrize(
+    ("wanted", "message"),
+    [
+        ({"t": {0: 1}}, "endingOffsets must give an offset for every partition .* missing: t/1; not existing"),
+        ({"t": {0: 1, 1: 1, 2: 1}}, r"missing: none; not existing \(or not assigned\): t/2"),
+        ({"t": {0: 1, 1: 1}, "u": {0: 1}}, "endingOffsets names topics that are not read: u"),
+    ],
+)
+def test_resolve_offsets_needs_exactly_the_partitions_read(wanted, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_offsets("endingOffsets", wanted, {"t": {0: (0, 4), 1: (0, 4)}})
+
+
+def test_arrow_schema_is_the_spark_schema():
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from herald.source.fetch import ARROW_SCHEMA
+    from herald.source.python_kafka import kafka_schema
+
+    assert to_arrow_schema(kafka_schema(), timezone="UTC").equals(ARROW_SCHEMA)

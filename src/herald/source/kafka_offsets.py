@@ -144,13 +144,25 @@ class OffsetClient:
             result[topic] = sorted(meta.partitions)
         return result
 
-    def watermarks(self, topics: Iterable[str]) -> Watermarks:
-        """Current (low, high) watermarks of every partition of `topics` (asked of the broker, not cached)."""
+    def watermarks(self, topics: Iterable[str], only: Mapping[str, Iterable[int]] | None = None) -> Watermarks:
+        """Current (low, high) watermarks of every partition of `topics` (asked of the broker, not cached).
+
+        With `only` ({topic: partitions}, Spark's `assign`), just those partitions of its topics; raises
+        KafkaOffsetsError naming a partition its topic does not have.
+        """
         from confluent_kafka import KafkaException, TopicPartition
 
         consumer = self._require()
+        existing = self.partitions(topics if only is None else only)
+        if only is not None:
+            absent = [f"{t}/{p}" for t, parts in only.items() for p in parts if p not in existing[t]]
+            if absent:
+                raise KafkaOffsetsError(
+                    f"assigned partition(s) do not exist on {self._bootstrap}: {', '.join(absent)}"
+                )
+            existing = {topic: sorted(only[topic]) for topic in existing}
         result: Watermarks = {}
-        for topic, partitions in self.partitions(topics).items():
+        for topic, partitions in existing.items():
             marks: dict[int, tuple[int, int]] = {}
             for partition in partitions:
                 try:

@@ -1,10 +1,12 @@
-"""Opening a subscription's Kafka stream with the chosen connector (format dispatch in one place).
+"""Reading a Kafka topic with the chosen connector, as a stream or as explicit offset ranges (format dispatch in
+one place).
 
 Both connectors give the same columns: key, value, topic, partition, offset, timestamp, timestampType, headers.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from herald.engine.session import jvm_class_loads
@@ -41,17 +43,62 @@ def open_kafka_stream(
     max_offsets_per_trigger: int | None,
 ):
     """A streaming DataFrame of `kafka_topic`; `starting_offsets` is 'earliest', 'latest' or Spark's JSON."""
-    reader = spark.readStream.format("kafka" if connector == "spark" else PYTHON_SOURCE_NAME)
+    reader = _with_client_options(spark.readStream, connector, bootstrap_servers, client_properties)
+    reader = reader.option("subscribe", kafka_topic).option("startingOffsets", starting_offsets)
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()
+
+
+def read_kafka_range(
+    spark,
+    connector: str,
+    bootstrap_servers: str,
+    client_properties: dict[str, str],
+    kafka_topic: str,
+    start: dict[int, int],
+    end: dict[int, int],
+):
+    """A batch DataFrame of the records of `kafka_topic` with ``start[p] <= offset < end[p]`` for each partition p.
+
+    `start` and `end` name the same partitions (only those are read, through Spark's `assign` option); an empty
+    range (``start[p] == end[p]``) reads nothing, and no partition at all gives an empty DataFrame. Records gone
+    from Kafka, or offsets beyond its high watermark, fail the read (failOnDataLoss=true). Raises ValueError for
+    mismatched partitions or a start after its end. Offsets 10..19 of partition 0 and 0..4 of partition 1::
+
+        read_kafka_range(spark, "python", "127.0.0.1:19092", {}, "orders", {0: 10, 1: 0}, {0: 20, 1: 5})
+    """
+    if set(start) != set(end):
+        raise ValueError(f"start and end must name the same partitions, not {sorted(start)} and {sorted(end)}")
+    backwards = [f"{p}: [{start[p]}, {end[p]})" for p in sorted(start) if not 0 <= start[p] <= end[p]]
+    if backwards:
+        raise ValueError(f"{kafka_topic}: offset ranges must have 0 <= start <= end, not {', '.join(backwards)}")
+    if not start:
+        from herald.source.python_kafka import kafka_schema
+
+        return spark.createDataFrame([], kafka_schema())
+    partitions = sorted(start)
+    reader = _with_client_options(spark.read, connector, bootstrap_servers, client_properties)
+    return (
+        reader.option("assign", json.dumps({kafka_topic: partitions}))
+        .option("startingOffsets", json.dumps({kafka_topic: {str(p): start[p] for p in partitions}}))
+        .option("endingOffsets", json.dumps({kafka_topic: {str(p): end[p] for p in partitions}}))
+        .load()
+    )
+
+
+def _with_client_options(reader, connector: str, bootstrap_servers: str, client_properties: dict[str, str]):
+    """`reader` (spark.read or spark.readStream) on the connector's format, with the Kafka client options."""
+    if connector not in ("spark", "python"):
+        raise ValueError(f"connector must be 'spark' or 'python', not {connector!r}")
+    reader = reader.format("kafka" if connector == "spark" else PYTHON_SOURCE_NAME)
     if connector == "python":
         from herald.source.python_kafka import kafka_schema
 
         reader = reader.schema(kafka_schema())  # saves Spark a Python process to ask the source for it
+    else:
+        reader = reader.option("includeHeaders", "true")
     reader = reader.option("kafka.bootstrap.servers", bootstrap_servers)
     for key, value in client_properties.items():
         reader = reader.option(f"kafka.{key}", value)
-    reader = reader.option("subscribe", kafka_topic).option("startingOffsets", starting_offsets)
-    if connector == "spark":
-        reader = reader.option("includeHeaders", "true")
-    if max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    return reader.load()
+    return reader
