@@ -1,6 +1,8 @@
 """The `herald` command: run, validate, read the tables, manage the local broker, publish, demo.
 
 Commands that only read tables (undelivered, metrics, offsets) or validate never start Spark.
+`validate` and `run` refuse an invalid configuration. The read-only commands and suspend/activate load it
+leniently: each problem of another file is a warning on stderr, and they answer for every valid subscription.
 """
 
 from __future__ import annotations
@@ -9,19 +11,47 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from herald import logs
-from herald.config import ConfigError, HeraldConfig, load_config
+from herald.config import ConfigError, HeraldConfig, LoadResult, Subscription, load_config, load_config_lenient
 
 
 def _load(conf: str) -> HeraldConfig:
     try:
         return load_config(Path(conf))
     except ConfigError as error:
-        print(f"invalid configuration in {conf}:", file=sys.stderr)
-        for problem in error.problems:
+        _refuse(conf, error)
+
+
+def _refuse(conf: str, error: ConfigError) -> NoReturn:
+    print(f"invalid configuration in {conf}:", file=sys.stderr)
+    for problem in error.problems:
+        print(f"  {problem}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def _load_lenient(conf: str, subscription_id: str) -> tuple[HeraldConfig, Subscription]:
+    """The configuration without its invalid files, and the subscription asked for.
+
+    Each problem of another file is printed as `warning: <file>: <key>: <message>`; when the subscription's own
+    file is invalid (or herald.yaml is), its problems are printed and the command exits 2."""
+    try:
+        result: LoadResult = load_config_lenient(Path(conf))
+    except ConfigError as error:
+        _refuse(conf, error)
+    own = result.invalid_file_of(subscription_id)
+    own_problems = result.problems_in(own) if own is not None else []
+    for problem in result.problems:
+        if problem not in own_problems:
+            print(f"warning: {problem}", file=sys.stderr)
+    if own is not None:
+        print(f"{subscription_id}: left out of the configuration, {result.config.shown(own)} is invalid:",
+              file=sys.stderr)
+        for problem in own_problems:
             print(f"  {problem}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(2)
+    return result.config, _subscription(result.config, subscription_id)
 
 
 def _subscription(config: HeraldConfig, subscription_id: str):
@@ -43,11 +73,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from herald.engine.runner import Runner
-
-    config = _load(args.conf)
+    config = _load(args.conf)  # refuse an invalid configuration before loading the engine (and Spark)
     for subscription_id in args.subscription or []:
         _subscription(config, subscription_id)
+    from herald.engine.runner import Runner
+
     return Runner(config, only=args.subscription).run(once=args.once)
 
 
@@ -63,8 +93,7 @@ def _print_rows(rows: list[dict], columns: list[str]) -> None:
 def cmd_undelivered(args) -> int:
     from herald.readout import undelivered
 
-    config = _load(args.conf)
-    subscription = _subscription(config, args.id)
+    config, subscription = _load_lenient(args.conf, args.id)
     rows = undelivered(config, subscription, 1 if args.last else args.limit)
     if args.json:
         print(json.dumps(rows[0] if args.last and rows else rows, indent=2))
@@ -82,8 +111,8 @@ def cmd_undelivered(args) -> int:
 def cmd_metrics(args) -> int:
     from herald.readout import metrics
 
-    config = _load(args.conf)
-    result = metrics(config, _subscription(config, args.id))
+    config, subscription = _load_lenient(args.conf, args.id)
+    result = metrics(config, subscription)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -95,8 +124,8 @@ def cmd_metrics(args) -> int:
 def cmd_offsets(args) -> int:
     from herald.readout import offsets
 
-    config = _load(args.conf)
-    rows = offsets(config, _subscription(config, args.id))
+    config, subscription = _load_lenient(args.conf, args.id)
+    rows = offsets(config, subscription)
     if args.json:
         print(json.dumps(rows, indent=2))
     elif rows:
@@ -169,20 +198,36 @@ def cmd_publish(args) -> int:
 
 
 def cmd_state(args) -> int:
-    """suspend / activate: set `state:` in the subscription's YAML file, keeping the rest of the file as it is."""
+    """suspend / activate: set `state:` in the subscription's YAML file, keeping the rest of the file as it is.
+
+    Only that file is written, so other invalid files do not stop it (they are warnings); the file must be
+    valid before and after the edit (otherwise it is left as it was, exit 2)."""
     import re
 
-    config = _load(args.conf)
-    subscription = _subscription(config, args.id)
+    config, subscription = _load_lenient(args.conf, args.id)
     path = config.files[subscription.id]
     state = "SUSPENDED" if args.command == "suspend" else "ACTIVE"
-    text = path.read_text(encoding="utf-8")
+    original = path.read_text(encoding="utf-8")
     line = re.compile(r"^state:[ \t]*\S+[ \t]*(#.*)?$", re.MULTILINE)
-    text = line.sub(lambda m: f"state: {state}" + (f"  {m.group(1)}" if m.group(1) else ""), text, count=1) \
-        if line.search(text) else text.rstrip("\n") + f"\nstate: {state}\n"
+    text = line.sub(lambda m: f"state: {state}" + (f"  {m.group(1)}" if m.group(1) else ""), original, count=1) \
+        if line.search(original) else original.rstrip("\n") + f"\nstate: {state}\n"
     path.write_text(text, encoding="utf-8")
-    _load(args.conf)  # still valid
-    print(f"{subscription.id}: {state} ({path}); a running job picks this up when restarted")
+    try:
+        after = load_config_lenient(Path(args.conf))
+    except ConfigError as error:  # herald.yaml changed meanwhile
+        path.write_text(original, encoding="utf-8")
+        _refuse(args.conf, error)
+    edited = next((s for s in after.config.subscriptions if after.config.files.get(s.id) == path), None)
+    if edited is None or edited.id != subscription.id or edited.state != state:
+        path.write_text(original, encoding="utf-8")
+        print(f"{subscription.id}: could not set state {state} in {path} (the file is left as it was):",
+              file=sys.stderr)
+        for problem in after.problems_in(path):
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    poll_ms = after.config.settings.streaming.configPollMs
+    print(f"{subscription.id}: {state} ({path}); a running `herald run` applies this within "
+          f"streaming.configPollMs ({poll_ms} ms), no restart needed")
     return 0
 
 
@@ -205,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("validate", cmd_validate, "check every file of a configuration directory")
 
-    run = command("run", cmd_run, "run every ACTIVE subscription as its own streaming query")
+    run = command("run", cmd_run, "deliver every ACTIVE subscription (one streaming query per Kafka topic, "
+                                  "shared by its subscriptions)")
     run.add_argument("--once", action="store_true", help="process what is available now, then exit")
     run.add_argument("--subscription", action="append", metavar="ID", help="only this subscription (repeatable)")
 

@@ -2,6 +2,10 @@
 
 These read Delta with delta-rs and never start Spark, so `herald undelivered|metrics|offsets` answer in about
 a second. Field names of the JSON forms are Hermes' (`topicName`, `otherErrors`, `codes2xx`, ...).
+
+Several writers write a subscription's rows (the topic's shared query, catch-up, the retry driver), each
+numbering its own rounds, so "the newest" row is the one written last (finished_at / committed_at), with
+batch_id only breaking ties.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ from herald.storage.tables import METRICS, OFFSETS, UNDELIVERED
 
 def _store(config: HeraldConfig) -> DeltaRsStore:
     return DeltaRsStore(config.storage_path, config.settings.storage.options)
+
+
+def _newest(column: str):
+    """Sort key: when the row was written, then its batch_id (rows of old tables may lack the time)."""
+    return lambda row: (_epoch_ms(row.get(column)) or 0, row["batch_id"])
 
 
 def _epoch_ms(value) -> int | None:
@@ -55,19 +64,21 @@ _LIFETIME = {
     "codes4xx": "codes_4xx",
     "codes5xx": "codes_5xx",
     "attempts": "attempts",
+    "parked": "parked",
 }
 
 
 def metrics(config: HeraldConfig, subscription: Subscription) -> dict[str, Any]:
-    """Lifetime counts summed over every micro-batch; `inflight`, `rate` and `flow` are the last batch's.
+    """Lifetime counts summed over every round (micro-batch, catch-up or retry round); `inflight`, `rate` and
+    `flow` are the last round's. `rate` is attempts per second, `lastBatchAt` epoch milliseconds.
 
     Unlike Hermes' per-second gauges, timeouts/otherErrors/codes* are lifetime counts of attempts.
     """
     rows = _store(config).read(METRICS, subscription.id).to_pylist()
     result: dict[str, Any] = {"subscription": subscription.id, "batches": len(rows)}
     for name, column in _LIFETIME.items():
-        result[name] = sum(row[column] or 0 for row in rows)
-    last = max(rows, key=lambda row: row["batch_id"], default=None)
+        result[name] = sum(row.get(column) or 0 for row in rows)
+    last = max(rows, key=_newest("finished_at"), default=None)
     result["inflight"] = last["inflight"] if last else 0
     result["rate"] = round(last["rate"], 3) if last else 0.0
     result["flowMode"] = last["flow_mode"] if last else None
@@ -77,11 +88,13 @@ def metrics(config: HeraldConfig, subscription: Subscription) -> dict[str, Any]:
 
 
 def offsets(config: HeraldConfig, subscription: Subscription) -> list[dict[str, Any]]:
-    """Per Kafka partition, the next offset to read (everything before it is delivered or discarded)."""
+    """Per Kafka partition, the subscription's position: the next offset to read (everything before it is
+    delivered, discarded or parked). `committedAt` is epoch milliseconds."""
     latest: dict[tuple[str, int], dict] = {}
+    newest = _newest("committed_at")
     for row in _store(config).read(OFFSETS, subscription.id).to_pylist():
         key = (row["topic"], row["partition"])
-        if key not in latest or row["batch_id"] > latest[key]["batch_id"]:
+        if key not in latest or newest(row) > newest(latest[key]):
             latest[key] = row
     return [
         {

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from herald.delivery.report import BatchSummary, Discarded, TaskCounters
-from herald.storage import BatchTxn, DeltaRsStore
-from herald.storage.tables import METRICS, OFFSETS, UNDELIVERED, BatchContext, metrics_row, offsets_rows, \
-    undelivered_rows
+from herald.storage.tables import METRICS, OFFSETS, SCHEMAS, UNDELIVERED
 from tests.conftest import free_port
 from tests.support.herald_env import write_conf
 
@@ -68,37 +67,62 @@ def test_publish_sends_json_rejects_the_rest_and_reports_failures(broker, topic_
     assert result.returncode == 1 and "message 1 NOT published after 1 retries" in result.stderr
 
 
+def store_a_batch(root: Path) -> None:
+    """One round of subscription a.b.s in the Delta tables under `root`/storage (as write_conf sets them),
+    written as rows of the tables' schemas (the layout the read-outs read; README "Tables")."""
+    base = {"subscription": "a.b.s", "batch_id": 0, "writer": "stream:a.b"}
+    rows = {
+        UNDELIVERED: [{**base, "topic_name": "a.b", "partition": 0, "offset": 4, "message_id": "id-4",
+                       "status": "DISCARDED", "reason": "Message sending failed with status code: 400",
+                       "http_status": 400, "attempts": 1, "message": '{"x": 1}', "timestamp": at(2_500),
+                       "published_at": at(500), "cluster": "test"}],
+        METRICS: [{**base, "read": 5, "delivered": 3, "discarded": 1, "filtered": 1, "inflight": 1, "attempts": 6,
+                   "timeouts": 0, "other_errors": 0, "codes_2xx": 3, "codes_3xx": 0, "codes_4xx": 1, "codes_5xx": 2,
+                   "rate": 3.0, "flow_mode": "NORMAL", "flow_rate": 400.0, "started_at": at(1_000),
+                   "finished_at": at(3_000)}],
+        OFFSETS: [{**base, "topic": "a.b", "partition": 0, "offset": 5, "committed_at": at(3_000)}],
+    }
+    for table, table_rows in rows.items():
+        append_rows(root, table, table_rows)
+
+
+def at(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+
+
+def append_rows(root: Path, table: str, rows: list[dict]) -> None:
+    """Rows (missing columns null) appended to one of the Delta tables under `root`/storage."""
+    from deltalake import write_deltalake
+
+    schema = SCHEMAS[table]
+    write_deltalake(str(root / "storage" / "tables" / table),
+                    pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows],
+                                         schema=schema), mode="append")
+
+
+PROBE = ("import sys; from herald.cli import main; code = main(sys.argv[1:]); "
+         "assert 'pyspark' not in sys.modules, 'read-outs must not load Spark'; raise SystemExit(code)")
+
+
+def readout(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120)
+
+
 def test_readouts_answer_from_the_tables_without_spark(tmp_path):
     conf = write_conf(tmp_path, "127.0.0.1:1", "a.b", {"s": {"endpoint": "http://h/x"}})
-    store = DeltaRsStore(str(tmp_path / "storage"))
-    context = BatchContext("a.b.s", "a.b", "test", 0)
-    summary = BatchSummary(
-        counters=TaskCounters(read=5, delivered=3, discarded=1, filtered=1, attempts=6, codes_2xx=3, codes_4xx=1,
-                              codes_5xx=2, started_ms=1_000, finished_ms=3_000),
-        positions={("a.b", 0): 5},
-        discarded=[Discarded("a.b", 0, 4, "id-4", "Message sending failed with status code: 400", 400, 1,
-                             b'{"x": 1}', 500, 2_500)],
-    )
-    txn = BatchTxn("herald:a.b.s:q", 0)
-    store.append(UNDELIVERED, undelivered_rows(summary, context), txn)
-    store.append(METRICS, metrics_row(summary, context, "NORMAL", 400.0), txn)
-    store.append(OFFSETS, offsets_rows(summary.positions, "a.b.s", 0), txn)
-
-    probe = ("import sys; from herald.cli import main; code = main(sys.argv[1:]); "
-             "assert 'pyspark' not in sys.modules, 'read-outs must not load Spark'; raise SystemExit(code)")
-    run = lambda *args: subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)  # noqa: E731
-    last = run("undelivered", "--conf", str(conf), "a.b.s", "--last", "--json")
+    store_a_batch(tmp_path)
+    last = readout("undelivered", "--conf", str(conf), "a.b.s", "--last", "--json")
     assert last.returncode == 0, last.stderr
     assert json.loads(last.stdout) == {
         "timestamp": 2500, "subscription": "s", "topicName": "a.b", "status": "DISCARDED",
         "reason": "Message sending failed with status code: 400", "message": '{"x": 1}', "partition": 0,
         "offset": 4, "cluster": "test", "messageId": "id-4", "httpStatus": 400, "attempts": 1}
-    metrics = json.loads(run("metrics", "--conf", str(conf), "a.b.s", "--json").stdout)
+    metrics = json.loads(readout("metrics", "--conf", str(conf), "a.b.s", "--json").stdout)
     assert (metrics["delivered"], metrics["discarded"], metrics["filtered"], metrics["codes5xx"]) == (3, 1, 1, 2)
     assert metrics["rate"] == 3.0  # 6 attempts over 2 s
-    offsets = json.loads(run("offsets", "--conf", str(conf), "a.b.s", "--json").stdout)
+    offsets = json.loads(readout("offsets", "--conf", str(conf), "a.b.s", "--json").stdout)
     assert [(o["partition"], o["offset"]) for o in offsets] == [(0, 5)]
-    missing = run("undelivered", "--conf", str(conf), "a.b.nope")
+    missing = readout("undelivered", "--conf", str(conf), "a.b.nope")
     assert missing.returncode == 2 and "no subscription 'a.b.nope'" in missing.stderr
 
 
@@ -117,6 +141,81 @@ def test_broker_up_status_down(tmp_path):
         assert len(topics["x.orders"].partitions) == 2
     finally:
         assert herald("broker", "down", "--conf", str(conf), "--data-dir", data).returncode == 0
+
+
+def test_readouts_answer_with_a_warning_while_another_file_is_invalid(tmp_path):
+    conf = write_conf(tmp_path, "127.0.0.1:1", "a.b", {
+        "s": {"endpoint": "http://h/x"},
+        "bad": {"endpoint": "http://u:topsecret@h/x", "subscriptionPolicy": {"rate": 0}}})
+    (conf / "topics" / "c.d.yaml").write_text("name: c.d\ncolour: red\n")
+    (conf / "subscriptions" / "orphan.yaml").write_text("topicName: c.d\nname: orphan\nendpoint: http://h/\n")
+    store_a_batch(tmp_path)
+    warnings = ["warning: conf/subscriptions/bad.yaml: subscriptionPolicy.rate: must be >= 1 (got 0)",
+                "warning: conf/topics/c.d.yaml: colour: unknown key",
+                "warning: conf/subscriptions/orphan.yaml: topicName: topic c.d is left out: its file "
+                "conf/topics/c.d.yaml is invalid"]
+    for command in (["undelivered", "--last", "--json"], ["metrics", "--json"], ["offsets", "--json"]):
+        result = readout(command[0], "--conf", str(conf), "a.b.s", *command[1:])
+        assert result.returncode == 0, result.stderr
+        assert all(warning in result.stderr.splitlines() for warning in warnings), result.stderr
+        assert json.loads(result.stdout), f"{command[0]} answers for the valid subscription"
+        assert "topsecret" not in result.stderr + result.stdout
+    assert json.loads(readout("offsets", "--conf", str(conf), "a.b.s", "--json").stdout)[0]["offset"] == 5
+
+    own = readout("metrics", "--conf", str(conf), "a.b.bad")
+    assert own.returncode == 2 and own.stdout == ""
+    assert "a.b.bad: left out of the configuration, conf/subscriptions/bad.yaml is invalid:" in own.stderr
+    assert "  conf/subscriptions/bad.yaml: subscriptionPolicy.rate: must be >= 1 (got 0)" in own.stderr.splitlines()
+    assert "topsecret" not in own.stderr
+    orphan = readout("offsets", "--conf", str(conf), "a.b.orphan")
+    assert orphan.returncode == 2 and "no subscription 'a.b.orphan'" in orphan.stderr
+    orphan = readout("offsets", "--conf", str(conf), "c.d.orphan")
+    assert orphan.returncode == 2 and "topic c.d is left out: its file conf/topics/c.d.yaml is invalid" in \
+        orphan.stderr
+
+    for strict in ("validate", "run"):  # these still refuse the whole directory
+        result = herald(strict, "--conf", str(conf))
+        assert result.returncode == 2 and "conf/subscriptions/bad.yaml: subscriptionPolicy.rate" in result.stderr
+
+
+def test_readouts_take_the_newest_row_of_several_writers(tmp_path):
+    conf = write_conf(tmp_path, "127.0.0.1:1", "a.b", {"s": {"endpoint": "http://h/x"}})
+    store_a_batch(tmp_path)  # the stream's round 0: offset 5, committed and finished at 3 s
+    retry = {"subscription": "a.b.s", "writer": "retry:a.b.s", "batch_id": 7}
+    append_rows(tmp_path, OFFSETS, [{**retry, "topic": "a.b", "partition": 0, "offset": 4, "committed_at": at(2_000)},
+                                    {"subscription": "a.b.s", "writer": "stream:a.b", "batch_id": 1, "topic": "a.b",
+                                     "partition": 0, "offset": 9, "committed_at": at(4_000)}])
+    append_rows(tmp_path, METRICS, [{**retry, "attempts": 2, "parked": 2, "rate": 1.0, "flow_mode": "SLOW",
+                                     "started_at": at(1_000), "finished_at": at(2_000)}])
+    offsets = json.loads(readout("offsets", "--conf", str(conf), "a.b.s", "--json").stdout)
+    assert [(o["partition"], o["offset"], o["batchId"]) for o in offsets] == [(0, 9, 1)]
+    metrics = json.loads(readout("metrics", "--conf", str(conf), "a.b.s", "--json").stdout)
+    assert (metrics["batches"], metrics["attempts"], metrics["parked"]) == (2, 8, 2)
+    assert (metrics["rate"], metrics["flowMode"], metrics["lastBatchAt"]) == (3.0, "NORMAL", 3000)
+
+
+def test_readouts_refuse_an_invalid_herald_yaml(tmp_path):
+    conf = write_conf(tmp_path, "127.0.0.1:1", "a.b", {"s": {"endpoint": "http://h/x"}},
+                      settings={"streaming": {"batchDeadlineMs": 5}})
+    result = readout("metrics", "--conf", str(conf), "a.b.s")
+    assert result.returncode == 2
+    assert "conf/herald.yaml: streaming.batchDeadlineMs: must be >= 1000 (got 5)" in result.stderr
+
+
+def test_suspend_and_activate_work_while_another_file_is_invalid(tmp_path):
+    conf = write_conf(tmp_path, "127.0.0.1:1", "a.b", {"s": {"endpoint": "http://h/x"},
+                                                        "bad": {"endpoint": "http://h/x", "colour": "red"}},
+                      settings={"streaming": {"configPollMs": 500}})
+    suspended = herald("suspend", "--conf", str(conf), "a.b.s")
+    assert suspended.returncode == 0, suspended.stderr
+    assert "warning: conf/subscriptions/bad.yaml: colour: unknown key" in suspended.stderr
+    assert "a running `herald run` applies this within streaming.configPollMs (500 ms), no restart needed" in \
+        suspended.stdout
+    assert "state: SUSPENDED" in (conf / "subscriptions" / "s.yaml").read_text()
+    assert herald("activate", "--conf", str(conf), "a.b.s").returncode == 0
+    refused = herald("suspend", "--conf", str(conf), "a.b.bad")
+    assert refused.returncode == 2 and "conf/subscriptions/bad.yaml: colour: unknown key" in refused.stderr
+    assert "state:" not in (conf / "subscriptions" / "bad.yaml").read_text()
 
 
 def test_suspend_and_activate_edit_only_the_state_line(tmp_path):

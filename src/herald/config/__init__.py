@@ -1,7 +1,16 @@
 """Configuration: herald.yaml, topics/*.yaml and subscriptions/*.yaml (Hermes' field names)."""
 
-from herald.config.loader import ConfigError, HeraldConfig, Problem, filter_rules, load_config
+from herald.config.loader import (
+    ConfigError,
+    HeraldConfig,
+    LoadResult,
+    Problem,
+    conf_fingerprint,
+    filter_rules,
+    load_config,
+    load_config_lenient,
+)
 from herald.config.model import HeraldSettings, Subscription, Topic
 
-__all__ = ["ConfigError", "HeraldConfig", "HeraldSettings", "Problem", "Subscription", "Topic", "filter_rules",
-           "load_config"]
+__all__ = ["ConfigError", "HeraldConfig", "HeraldSettings", "LoadResult", "Problem", "Subscription", "Topic",
+           "conf_fingerprint", "filter_rules", "load_config", "load_config_lenient"]

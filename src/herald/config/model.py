@@ -1,19 +1,23 @@
 """The YAML files' schema, with Hermes' field names, defaults and limits (DESIGN.md §4), in one place.
 
-Models are frozen; unknown keys are errors. Units are as in the YAML (Hermes mixes s and ms); the methods
-that hand values to the delivery code (`Subscription.retry_policy`, ...) convert them to seconds, once.
+Models are frozen; unknown keys are errors. Units are as in the YAML (Hermes mixes s and ms); the properties
+that hand values to the engine and the delivery code (`Subscription.delivery_spec`,
+`StreamingSettings.batch_deadline_s`, `RateControlSettings.flow_settings()`, ...) convert them to seconds and
+messages per second, here and nowhere else.
 """
 
 from __future__ import annotations
 
 import re
 from enum import Enum
+from functools import cached_property
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from herald.delivery.flow import FlowSettings
 from herald.delivery.policy import RetryPolicy
+from herald.delivery.spec import DeliverySpec
 from herald.endpoint import Endpoint
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.[A-Za-z0-9_-]+$")
@@ -40,8 +44,50 @@ class StorageSettings(Strict):
 
 
 class StreamingSettings(Strict):
+    """How `herald run` reads and paces its micro-batches. The YAML keeps Hermes-style millisecond names; the
+    `*_s` properties give the engine seconds.
+
+    triggerInterval: Spark's micro-batch interval (a Spark duration string, e.g. "1 second").
+    maxOffsetsPerTrigger: most records per micro-batch.
+    batchDeadlineMs: milliseconds one micro-batch delivers before its unfinished work is parked (retries) or
+        left behind the subscription's position (messages not attempted yet).
+    parkAfterMs: milliseconds that a subscription's retries, once nothing else is left for it in the
+        micro-batch, keep being retried in the task before they are parked.
+    configPollMs: milliseconds between two looks of a running job for configuration changes.
+    """
+
     triggerInterval: str = "1 second"
     maxOffsetsPerTrigger: Annotated[int, Field(ge=1)] | None = 10000
+    batchDeadlineMs: Annotated[int, Field(ge=1000, le=600_000)] = 10_000
+    parkAfterMs: Annotated[int, Field(ge=0, le=60_000)] = 1000
+    configPollMs: Annotated[int, Field(ge=200, le=600_000)] = 2000
+
+    @property
+    def batch_deadline_s(self) -> float:
+        """batchDeadlineMs in seconds."""
+        return self.batchDeadlineMs / 1000
+
+    @property
+    def park_after_s(self) -> float:
+        """parkAfterMs in seconds."""
+        return self.parkAfterMs / 1000
+
+    @property
+    def config_poll_s(self) -> float:
+        """configPollMs in seconds."""
+        return self.configPollMs / 1000
+
+
+class DeliverySettings(Strict):
+    """The senders in the Spark tasks.
+
+    transport: the HTTP client: 'curl' (pycurl's multi interface, no threads), 'requests' (requests on a
+        bounded thread pool), or 'auto' (curl when pycurl loads, requests otherwise).
+    maxOpenRequests: most HTTP requests open at once in one Spark task, over all its subscriptions.
+    """
+
+    transport: Literal["auto", "curl", "requests"] = "auto"
+    maxOpenRequests: Annotated[int, Field(ge=1, le=10_000)] = 512
 
 
 class SparkSettings(Strict):
@@ -50,9 +96,14 @@ class SparkSettings(Strict):
 
 
 class RateControlSettings(Strict):
-    """Tuning of the adaptive rate controller (herald.delivery.flow); defaults follow Hermes."""
+    """Tuning of the adaptive rate controller (herald.delivery.flow); defaults follow Hermes.
 
-    adjustIntervalMs: Annotated[int, Field(ge=100, le=600_000)] = 1000
+    adjustIntervalMs / heartbeatIntervalMs: milliseconds (the controller's window, Hermes' 30 s period, and the
+    interval of single probes under sustained failure); slowRate: messages per second; the rest are ratios.
+    `flow_settings()` converts them to seconds.
+    """
+
+    adjustIntervalMs: Annotated[int, Field(ge=100, le=600_000)] = 30_000
     convergenceFactor: Annotated[float, Field(gt=0, lt=1)] = 0.2
     speedUpToleranceRatio: Annotated[float, Field(ge=0, le=1)] = 0.01
     slowDownToleranceRatio: Annotated[float, Field(ge=0, le=1)] = 0.05
@@ -85,6 +136,7 @@ class HeraldSettings(Strict):
     storage: StorageSettings
     schemaRegistry: SchemaRegistrySettings | None = None
     streaming: StreamingSettings = StreamingSettings()
+    delivery: DeliverySettings = DeliverySettings()
     spark: SparkSettings = SparkSettings()
     rateControl: RateControlSettings = RateControlSettings()
 
@@ -258,17 +310,42 @@ class Subscription(Strict):
     def target(self) -> Endpoint:
         return Endpoint.parse(self.endpoint)
 
-    def retry_policy(self) -> RetryPolicy:
+    @cached_property
+    def delivery_spec(self) -> DeliverySpec:
+        """subscriptionPolicy in the delivery code's units (seconds, messages per second), converted once.
+
+        messageTtl s, messageBackoff ms, backoffMaxIntervalInSec s, requestTimeout ms, socketTimeout ms and
+        sendingDelay ms all become float seconds; rate stays messages per second for the whole subscription and
+        inflightSize messages for the whole subscription. messageTtl 0 stays 0 (exactly one attempt).
+        """
         policy = self.subscriptionPolicy
-        return RetryPolicy(
-            message_ttl_s=float(policy.messageTtl),
-            backoff_s=policy.messageBackoff / 1000,
-            backoff_multiplier=policy.backoffMultiplier,
-            max_backoff_s=float(policy.backoffMaxIntervalInSec),
-            backoff_jitter=policy.backoffJitter,
-            max_attempts=policy.maxAttempts,
-            retry_client_errors=policy.retryClientErrors,
+        return DeliverySpec(
+            retry=RetryPolicy(
+                message_ttl_s=float(policy.messageTtl),
+                backoff_s=policy.messageBackoff / 1000,
+                backoff_multiplier=float(policy.backoffMultiplier),
+                max_backoff_s=float(policy.backoffMaxIntervalInSec),
+                backoff_jitter=float(policy.backoffJitter),
+                max_attempts=policy.maxAttempts,
+                retry_client_errors=policy.retryClientErrors,
+            ),
+            rate_per_s=float(policy.rate),
+            inflight=policy.inflightSize,
+            request_timeout_s=policy.requestTimeout / 1000,
+            socket_timeout_s=policy.socketTimeout / 1000,
+            sending_delay_s=policy.sendingDelay / 1000,
         )
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry part of `delivery_spec` (seconds)."""
+        return self.delivery_spec.retry
+
+    def model_copy(self, *, update=None, deep: bool = False) -> Subscription:
+        """A copy; with `update`, its `delivery_spec` is built again from the new values."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy.__dict__.pop("delivery_spec", None)
+        return copy
 
     def __repr__(self) -> str:  # never show the endpoint's password
         return f"Subscription({self.id!r}, endpoint={self.target.masked!r}, state={self.state})"
