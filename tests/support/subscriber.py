@@ -53,6 +53,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     attempt: int  # 0-based attempt number of this body at this path
+    client_port: int = 0  # the sender's local port: one per connection
 
     @property
     def message_id(self) -> str | None:
@@ -124,7 +125,8 @@ class ScriptedSubscriber:
                     subscriber._attempts[(self.path, body)] += 1
                     subscriber._open += 1
                     subscriber.peak_concurrency = max(subscriber.peak_concurrency, subscriber._open)
-                request = Received(time.monotonic(), self.path, dict(self.headers.items()), body, attempt)
+                request = Received(time.monotonic(), self.path, dict(self.headers.items()), body, attempt,
+                                   self.client_address[1])
                 reply = subscriber.respond(request)
                 with subscriber._lock:  # recorded before answering: once Herald has its answer, the test sees it
                     subscriber.requests.append(request)

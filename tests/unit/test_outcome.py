@@ -46,7 +46,7 @@ def test_status_classification(status, retry_after, retry_client_errors, oauth, 
 
 
 def test_discard_reason_names_the_status():
-    assert classify(400).reason == "Message sending failed with status code: 400"
+    assert classify(400).reason == "Message sending failed with status code:400"  # as Hermes writes it
 
 
 @pytest.mark.parametrize("kind, category", [(FailureKind.TIMEOUT, Category.TIMEOUT),

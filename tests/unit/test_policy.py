@@ -5,7 +5,7 @@ import random
 import pytest
 
 from herald.delivery.outcome import classify
-from herald.delivery.policy import GiveUp, Retry, RetryPolicy
+from herald.delivery.policy import EndedBy, GiveUp, Retry, RetryPolicy
 
 FAIL = classify(500)
 
@@ -58,25 +58,30 @@ def test_ttl_counts_from_first_read_and_gives_up_when_the_next_attempt_would_be_
     policy = RetryPolicy(message_ttl_s=10, backoff_s=2)
     assert isinstance(policy.after_failure(FAIL, 1, first_read_at=100, previous_backoff_s=None, now=108), Retry)
     step = policy.after_failure(FAIL, 1, first_read_at=100, previous_backoff_s=None, now=108.5)
-    assert isinstance(step, GiveUp) and step.reason.startswith("Total timeout elapsed")
-    assert "status code: 500" in step.reason
+    assert step == GiveUp("Message sending failed with status code:500", EndedBy.TTL)
 
 
 def test_retry_after_beyond_ttl_discards_at_once():
     step = RetryPolicy(message_ttl_s=5).after_failure(classify(503, "60"), 1, 0, None, now=1)
-    assert isinstance(step, GiveUp) and step.reason.startswith("Total timeout elapsed")
+    assert step == GiveUp("Message sending failed with status code:503", EndedBy.TTL)
+
+
+def test_a_zero_ttl_gives_up_after_the_first_attempt():
+    step = RetryPolicy(message_ttl_s=0, backoff_s=0.001).after_failure(FAIL, 1, first_read_at=0, previous_backoff_s=None,
+                                                                      now=0)
+    assert step == GiveUp("Message sending failed with status code:500", EndedBy.TTL)
 
 
 def test_max_attempts_ends_it():
     policy = RetryPolicy(max_attempts=3)
     assert isinstance(policy.after_failure(FAIL, 2, 0, None, now=0), Retry)
     step = policy.after_failure(FAIL, 3, 0, None, now=0)
-    assert isinstance(step, GiveUp) and step.reason.startswith("Max attempts reached (3)")
+    assert step == GiveUp("Message sending failed with status code:500", EndedBy.MAX_ATTEMPTS)
 
 
 def test_non_retryable_answer_gives_up_with_its_reason():
     assert RetryPolicy().after_failure(classify(400), 1, 0, None, 0) == GiveUp(
-        "Message sending failed with status code: 400")
+        "Message sending failed with status code:400", EndedBy.STATUS)
 
 
 @pytest.mark.parametrize("ttl, backoff, expected_attempts", [(1.0, 0.1, 11), (1.0, 0.25, 5)])

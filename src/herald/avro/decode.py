@@ -44,7 +44,6 @@ class DecodeError(ValueError):
 @dataclass(frozen=True)
 class Decoded:
     json: str
-    payload: bytes
     schema_id: int | None = None
     schema_version: int | None = None
 
@@ -80,7 +79,7 @@ class AvroDecoder:
         if value is None:
             raise DecodeError("the record has no value (a tombstone)")
         if self._registry is None:
-            return Decoded(self._to_json(self._schemas[None], value), value)
+            return Decoded(self._to_json(self._schemas[None], value))
         if len(value) < 5 or value[0] != WIRE_MAGIC:
             raise DecodeError(f"not in the schema registry's wire format (first byte {value[:1].hex() or 'none'}, "
                               f"{len(value)} bytes)")
@@ -92,7 +91,7 @@ class AvroDecoder:
             version = self._registry.version(schema_id, self.source.subject) if self.source.subject else None
         except SchemaRegistryError as error:
             raise DecodeError(f"schema id {schema_id}: {error}") from None
-        return Decoded(self._to_json(schema, payload), payload, schema_id, version)
+        return Decoded(self._to_json(schema, payload), schema_id, version)
 
     @staticmethod
     def _to_json(schema, payload: bytes) -> str:

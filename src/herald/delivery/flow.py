@@ -37,7 +37,7 @@ class FlowMode(str, enum.Enum):
 class FlowSettings:
     """Tuning of the adaptive controller (herald.yaml `rateControl`); the defaults follow Hermes."""
 
-    adjust_interval_s: float = 1.0
+    adjust_interval_s: float = 30.0
     convergence: float = 0.2
     speedup_tolerance: float = 0.01
     slowdown_tolerance: float = 0.05
@@ -47,34 +47,44 @@ class FlowSettings:
 
 @dataclass(frozen=True)
 class FlowState:
-    """What the controller carries between micro-batches: its mode and rate for the whole subscription."""
+    """What the controller carries between micro-batches for the whole subscription: its mode, its rate, and
+    when the hard cap gives the next permit (epoch ms), so the cap also holds across batch boundaries."""
 
     mode: FlowMode = FlowMode.NORMAL
     rate_per_s: float | None = None  # None: start at the hard cap
+    next_permit_ms: int = 0
 
     def share(self, tasks: int) -> FlowState:
         """This state as seen by one of `tasks` tasks that split the subscription's rate evenly."""
         if self.rate_per_s is None:
             return self
-        return FlowState(self.mode, self.rate_per_s / tasks)
+        return FlowState(self.mode, self.rate_per_s / tasks, self.next_permit_ms)
 
     @staticmethod
     def combine(task_states: list[FlowState], fallback: FlowState) -> FlowState:
-        """The subscription's state after a batch: the tasks' rates summed, the most severe mode kept."""
+        """The subscription's state after a batch: the tasks' rates summed, the most severe mode kept, the
+        latest next permit."""
         if not task_states:
             return fallback
         mode = max((state.mode for state in task_states), key=lambda mode: mode.severity)
         rates = [state.rate_per_s for state in task_states]
         rate = None if any(value is None for value in rates) else sum(rates)  # type: ignore[arg-type]
-        return FlowState(mode, rate)
+        return FlowState(mode, rate, max(state.next_permit_ms for state in task_states))
 
 
 class RateCap:
-    """Paces permits at least `1 / rate_per_s` seconds apart (no bursts), on an injectable clock."""
+    """Paces permits at least `1 / rate_per_s` seconds apart (no bursts), on an injectable clock.
 
-    def __init__(self, rate_per_s: float) -> None:
+    next_free: the first moment (same clock as `now`) a permit may be given, carried over from earlier work.
+    """
+
+    def __init__(self, rate_per_s: float, next_free: float = float("-inf")) -> None:
         self._interval_s = 1.0 / rate_per_s
-        self._next_free = float("-inf")
+        self._next_free = next_free
+
+    @property
+    def next_free(self) -> float:
+        return self._next_free
 
     def set_rate(self, rate_per_s: float) -> None:
         self._interval_s = 1.0 / rate_per_s
@@ -114,8 +124,8 @@ class FlowController:
         """How many requests may be open at once: one while probing in HEARTBEAT mode."""
         return 1 if self.mode is FlowMode.HEARTBEAT else inflight
 
-    def state(self) -> FlowState:
-        return FlowState(self.mode, self.rate_per_s if self.mode is FlowMode.NORMAL else self._floor())
+    def state(self, next_permit_ms: int = 0) -> FlowState:
+        return FlowState(self.mode, self.rate_per_s if self.mode is FlowMode.NORMAL else self._floor(), next_permit_ms)
 
     def record(self, slows: bool, started_at: float) -> None:
         """Count one finished attempt that started at `started_at` (ignored if it began before the last slow-down)."""

@@ -1,12 +1,16 @@
-"""The unit of work: a Kafka record to deliver, and its delivery progress.
+"""The unit of work: a Kafka record to deliver, its retry state, and its progress while in flight.
 
-A `Delivery` answers exactly once: it ends delivered or discarded, never both (`finish` asserts it).
+- `Record`: one Kafka record as a task reads it (immutable, shared by every subscription it goes to).
+- `RetryState`: where a message's delivery stands, on the wall clock, so it can continue in another task,
+  micro-batch or process (parked in the retries table, or carried to a subscription's catch-up).
+- `Delivery`: one subscription's message in flight inside a task, on the task's monotonic clock. It answers
+  exactly once: it ends delivered, discarded, parked or carried, never two of them (`finish` asserts it).
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Namespace for deterministic message ids: the same topic/partition/offset always gives the same id, so a
 # redelivered message carries the same Hermes-Message-Id and subscribers can deduplicate.
@@ -21,48 +25,90 @@ def message_id(topic: str, partition: int, offset: int, headers: list[tuple[str,
     return str(uuid.uuid5(MESSAGE_ID_NAMESPACE, f"{topic}/{partition}/{offset}"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
-    """One Kafka record as a task sees it (`matched` is the subscription's filter verdict)."""
+    """One Kafka record of the task's topic.
 
-    topic: str
+    body: the message as published (JSON topics), or as JSON decoded from Avro (AVRO topics): what JSON
+        subscriptions receive and people read; None for a tombstone.
+    avro: an AVRO topic's Avro binary (without the wire-format prefix), for AVRO subscriptions.
+    error: why the record could not be decoded; such a record is discarded unsent.
+    raw: the record's original bytes, kept when it could not be decoded.
+    """
+
     partition: int
     offset: int
     timestamp_ms: int
-    value: bytes | None
-    key: bytes | None = None
-    headers: tuple[tuple[str, bytes | None], ...] = ()
-    matched: bool = True
-    text: str | None = None  # the message as JSON text when `value` is not (an AVRO subscription's Avro binary)
-    error: str | None = None  # why the record could not be decoded; it is then discarded unsent
-    raw: bytes | None = None  # the record's original bytes, kept when it could not be decoded
+    message_id: str
+    body: bytes | None
+    avro: bytes | None = None
+    error: str | None = None
+    raw: bytes | None = None
     schema_id: int | None = None
     schema_version: int | None = None
 
     @property
-    def message_id(self) -> str:
-        return message_id(self.topic, self.partition, self.offset, list(self.headers))
+    def size(self) -> int:
+        """Bytes this record holds in memory (for the read-ahead bound)."""
+        return len(self.body or b"") + len(self.avro or b"") + len(self.raw or b"") + 96
 
 
-@dataclass(eq=False)
-class Delivery:
-    """A message in flight: read, not yet delivered or discarded.
+@dataclass(frozen=True)
+class RetryState:
+    """A message's delivery progress on the wall clock (epoch milliseconds), valid in any process.
 
-    first_read_at: monotonic seconds when the task took it (the TTL clock starts here).
     attempts: attempts made so far; the next one carries Hermes-Retry-Count = attempts.
-    backoff_s: the last un-jittered backoff, which the next one grows from.
+    first_read_ms: when the message was first read (its TTL counts from here).
+    due_ms: when the next attempt may start.
+    backoff_s: the last un-jittered backoff, which the next one grows from (None before any).
     """
 
-    record: Record
-    message_id: str
-    first_read_at: float
-    due_at: float
-    attempts: int = 0
+    attempts: int
+    first_read_ms: int
+    due_ms: int
     backoff_s: float | None = None
     last_status: int | None = None
     last_reason: str = ""
-    finished: str | None = field(default=None)
+
+
+class Delivery:
+    """One subscription's message in flight in a task; times are the task's monotonic seconds."""
+
+    __slots__ = ("record", "first_read_at", "due_at", "attempts", "backoff_s", "last_status", "last_reason",
+                 "finished")
+
+    def __init__(self, record: Record, first_read_at: float, due_at: float) -> None:
+        self.record = record
+        self.first_read_at = first_read_at
+        self.due_at = due_at
+        self.attempts = 0
+        self.backoff_s: float | None = None
+        self.last_status: int | None = None
+        self.last_reason = ""
+        self.finished: str | None = None
+
+    @classmethod
+    def resumed(cls, record: Record, state: RetryState, now: float, now_ms: int) -> Delivery:
+        """Continue a message from its `state`: the TTL clock keeps running, attempts keep counting."""
+        delivery = cls(record, first_read_at=now - (now_ms - state.first_read_ms) / 1000,
+                       due_at=now + max(0, state.due_ms - now_ms) / 1000)
+        delivery.attempts = state.attempts
+        delivery.backoff_s = state.backoff_s
+        delivery.last_status = state.last_status
+        delivery.last_reason = state.last_reason
+        return delivery
+
+    def state(self, now: float, now_ms: int) -> RetryState:
+        """This delivery's progress on the wall clock, to continue elsewhere."""
+        return RetryState(
+            attempts=self.attempts,
+            first_read_ms=now_ms - round((now - self.first_read_at) * 1000),
+            due_ms=now_ms + max(0, round((self.due_at - now) * 1000)),
+            backoff_s=self.backoff_s,
+            last_status=self.last_status,
+            last_reason=self.last_reason,
+        )
 
     def finish(self, how: str) -> None:
-        assert self.finished is None, f"message {self.message_id} already {self.finished}"
+        assert self.finished is None, f"message {self.record.message_id} already {self.finished}"
         self.finished = how

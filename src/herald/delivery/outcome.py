@@ -94,7 +94,8 @@ def parse_retry_after(value: str | None, now_epoch_s: float | None = None) -> fl
 
 
 def status_reason(status: int) -> str:
-    return f"Message sending failed with status code: {status}"
+    """Hermes' reason text for an answer that failed (no space after the colon, as Hermes writes it)."""
+    return f"Message sending failed with status code:{status}"
 
 
 def classify(

@@ -1,31 +1,42 @@
-"""What one Spark task needs to deliver its share of a micro-batch: plain, picklable configuration.
+"""What one Spark task needs to deliver its share of a round: plain, picklable configuration.
 
-The driver builds a `DeliveryPlan` per micro-batch (`herald.engine.planner`) and ships it to the tasks.
-Only configuration crosses the process boundary; pools, sessions and threads are created in the task.
+The driver builds a `TaskPlan` per round (a micro-batch of the topic's shared query, a catch-up read, or a
+batch of parked retries) and ships it to the tasks; each `LanePlan` is one subscription's share of a task.
+Only configuration crosses the process boundary: transports, threads and clocks are created in the task.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from herald.delivery.flow import FlowSettings, FlowState
+from herald.delivery.message import RetryState
 from herald.delivery.policy import RetryPolicy
 
 
 @dataclass(frozen=True)
-class DeliveryPlan:
-    """One task's delivery settings.
+class LanePlan:
+    """One subscription's share of a task.
 
-    url: the endpoint without credentials (the Authorization header carries them).
-    inflight: messages this task may hold in flight (its share of the subscription's inflightSize).
-    rate_per_s: this task's share of the subscription's hard rate cap.
+    url: the endpoint without credentials (the Authorization line in `header_lines` carries them).
+    header_lines: the lines every attempt carries ("Name: value"); each attempt adds its id and retry count.
+    inflight: messages the round's tasks may hold in flight for the subscription, together (inflightSize less
+        what parked retries hold); each task takes its share (`share`), so the sum never exceeds it. A task
+        whose share is 0 takes nothing new for the subscription.
+    rate_per_s: the round's share of the subscription's hard rate cap, attempts per second, split evenly.
     request_timeout_s / socket_timeout_s: total and idle limits of one attempt (socket 0 = none).
-    sending_delay_s: a message is not sent before its publish time plus this delay.
+    sending_delay_s: a message is not attempted before its publish time plus this delay.
+    avro: an AVRO delivery: the Avro binary is sent, with Schema-Id / Schema-Version when known.
+    ordered: inflightSize 1: partition order is kept, so an unfinished message is never parked.
+    starts: partition -> the first offset the subscription still needs; rows below it are already done.
+    resume: (partition, offset) -> the retry state a message continues from (carried from an earlier round).
+    positional: False for parked retries, which stand outside any position: whatever is unfinished at the end
+        is parked again.
     """
 
     subscription_id: str
     url: str
-    headers: dict[str, str] = field(repr=False)  # carries Authorization: never printed
+    header_lines: tuple[str, ...] = field(repr=False)  # carries Authorization: never printed
     retry: RetryPolicy
     inflight: int
     rate_per_s: float
@@ -34,5 +45,52 @@ class DeliveryPlan:
     sending_delay_s: float = 0.0
     flow_settings: FlowSettings = field(default_factory=FlowSettings)
     flow_state: FlowState = field(default_factory=FlowState)
-    oauth: bool = False
-    schema_headers: bool = False  # AVRO delivery: send Schema-Id / Schema-Version
+    avro: bool = False
+    ordered: bool = False
+    starts: dict[int, int] = field(default_factory=dict)
+    resume: dict[tuple[int, int], RetryState] = field(default_factory=dict, repr=False)
+    positional: bool = True
+
+    def share(self, tasks: int, task_index: int) -> LanePlan:
+        """What task `task_index` of `tasks` gets (NSQ: the shares never sum to more than the whole): inflight
+        split evenly with the remainder to the first tasks, the rate and the controller's rates evenly, and a
+        heartbeat probe that many times less often."""
+        if tasks <= 1:
+            return self
+        inflight = self.inflight // tasks + (1 if task_index < self.inflight % tasks else 0)
+        settings = replace(self.flow_settings, slow_rate_per_s=self.flow_settings.slow_rate_per_s / tasks,
+                           heartbeat_interval_s=self.flow_settings.heartbeat_interval_s * tasks)
+        return replace(self, inflight=inflight, rate_per_s=self.rate_per_s / tasks, flow_settings=settings,
+                       flow_state=self.flow_state.share(tasks))
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Every subscription's share of one task.
+
+    topic: the Kafka topic the rows come from (it keys the message ids).
+    lanes: index in the rows' `targets` -> that subscription's plan; rows for other indices are ignored.
+    tasks: how many tasks deliver the round at once (each takes its `LanePlan.share`).
+    deadline_ms: wall clock (epoch ms) after which no attempt starts; what is unfinished is then parked or
+        left behind the subscription's position.
+    park_after_s: once a subscription has nothing left but retries and the input is read, how long they are
+        retried in the task before they are parked.
+    settle_throttled: a subscription whose next attempt waits longer than `park_after_s` for its rate (it is
+        rate-limited, or slowed to probes because it fails) settles then, as at the deadline, instead of
+        keeping the round open: for the shared query, where it would hold back the topic's other
+        subscriptions. It catches up on its own.
+    transport: 'auto', 'curl' or 'requests'; max_open: most attempts open at once in the task.
+    readahead_rows / readahead_bytes: most rows read and waiting for a subscription to take them; past this a
+        subscription that holds up the reading is cut off (its position stops, it catches up alone).
+    """
+
+    topic: str
+    lanes: dict[int, LanePlan]
+    deadline_ms: int
+    tasks: int = 1
+    park_after_s: float = 1.0
+    settle_throttled: bool = False
+    transport: str = "auto"
+    max_open: int = 512
+    readahead_rows: int = 20_000
+    readahead_bytes: int = 64 * 1024 * 1024

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from herald.delivery.outcome import Outcome
 
-TTL_ELAPSED = "Total timeout elapsed"
+
+class EndedBy:
+    """What ended a discarded message, stored beside its reason (the reason is always the last attempt's)."""
+
+    STATUS = "status"  # an answer that is not retried (e.g. 400, or 429 without retryClientErrors)
+    TTL = "messageTtl"  # no retry could start within messageTtl of the first read ("Total timeout elapsed")
+    MAX_ATTEMPTS = "maxAttempts"
+    DECODE = "decode"  # the record could not be decoded; never sent
 
 
 @dataclass(frozen=True)
@@ -30,16 +37,18 @@ class Retry:
 
 @dataclass(frozen=True)
 class GiveUp:
-    """Discard the message with this reason."""
+    """Discard the message: `reason` is the last attempt's (as Hermes writes it), `ended_by` an `EndedBy`."""
 
     reason: str
+    ended_by: str = EndedBy.STATUS
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Hermes' retry policy plus the `backoffJitter` (RocketMQ) and `maxAttempts` (NSQ) extensions.
 
-    message_ttl_s: inflight TTL, counted from when the message was first read.
+    message_ttl_s: inflight TTL, counted from when the message was first read. It never refuses a message's
+        first attempt: 0 means exactly one attempt, as in Hermes.
     backoff_s: delay before the first retry; later ones grow by `backoff_multiplier` up to `max_backoff_s`.
     backoff_jitter: j in [0, 1): the delay is drawn uniformly from [d(1-j), d(1+j)].
     max_attempts: 0 means no limit.
@@ -66,7 +75,7 @@ class RetryPolicy:
         return rng.uniform(backoff_s * (1 - self.backoff_jitter), backoff_s * (1 + self.backoff_jitter))
 
     def deadline(self, first_read_at: float) -> float:
-        """The last moment (same clock as `first_read_at`) an attempt may start."""
+        """The last moment (same clock as `first_read_at`) a retry may start."""
         return first_read_at + self.message_ttl_s
 
     def after_failure(
@@ -85,14 +94,14 @@ class RetryPolicy:
         A retry is scheduled only if it can start within the TTL; otherwise the message is given up at once.
         """
         if not outcome.retry:
-            return GiveUp(outcome.reason)
+            return GiveUp(outcome.reason, EndedBy.STATUS)
         if self.max_attempts and attempts >= self.max_attempts:
-            return GiveUp(f"Max attempts reached ({attempts}); last: {outcome.reason}")
+            return GiveUp(outcome.reason, EndedBy.MAX_ATTEMPTS)
         if outcome.retry_after_s is not None:
             delay_s, backoff_s = outcome.retry_after_s, previous_backoff_s
         else:
             backoff_s = self.next_backoff(previous_backoff_s)
             delay_s = self.jittered(backoff_s, rng or random.Random())
         if now + delay_s > self.deadline(first_read_at):
-            return GiveUp(f"{TTL_ELAPSED}; last: {outcome.reason}")
+            return GiveUp(outcome.reason, EndedBy.TTL)
         return Retry(due_at=now + delay_s, backoff_s=backoff_s)

@@ -1,52 +1,63 @@
-"""What a task reports back to the driver: counters, read positions, discarded messages and its flow state.
+"""What a task reports back to the driver, as Arrow rows (what `mapInArrow` returns).
 
-`TaskReport.to_arrow()` turns a report into rows of one Arrow schema (`REPORT_SCHEMA`, one `row_type` per kind),
-which is what `mapInArrow` returns; `summarize` combines the collected rows of all tasks on the driver.
+Per task: how far it read each partition and whether it read all its input. Per subscription (lane): its
+counters and flow state, where its position must stop in each partition (`stops`), and the messages it
+discarded, parked (to the retries table) or carried (retry state only, for its catch-up to continue from).
+`TaskReport.to_arrow` writes one Arrow batch of `REPORT_SCHEMA`; `TaskReport.from_table` reads the collected
+rows back on the driver, one `TaskReport` per task.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import pyarrow as pa
 
 from herald.delivery.flow import FlowMode, FlowState
+from herald.delivery.message import Record, RetryState
 
-REPORT_SCHEMA = pa.schema(
-    [
-        ("row_type", pa.string()),  # "task" | "position" | "discarded"
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),  # position rows: the next offset to read
-        ("message_id", pa.string()),
-        ("reason", pa.string()),
-        ("http_status", pa.int32()),
-        ("attempts", pa.int32()),
-        ("message", pa.binary()),
-        ("raw_value", pa.binary()),
-        ("schema_id", pa.int32()),
-        ("schema_version", pa.int32()),
-        ("published_ms", pa.int64()),
-        ("discarded_ms", pa.int64()),
-        ("stats", pa.string()),  # task rows: TaskCounters and flow state as JSON
-    ]
-)
-REPORT_DDL = (
-    "row_type string, topic string, partition int, offset long, message_id string, reason string, "
-    "http_status int, attempts int, message binary, raw_value binary, schema_id int, schema_version int, "
-    "published_ms long, discarded_ms long, stats string"
-)
+REPORT_SCHEMA = pa.schema([
+    ("task", pa.string()),  # one id per task run
+    ("row_type", pa.string()),  # "task" | "lane" | "discarded" | "parked" | "carried"
+    ("lane", pa.int32()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("message_id", pa.string()),
+    ("reason", pa.string()),
+    ("ended_by", pa.string()),
+    ("http_status", pa.int32()),
+    ("attempts", pa.int32()),
+    ("message", pa.binary()),  # discarded and parked: the message (JSON), as people read it
+    ("avro", pa.binary()),  # parked: the Avro binary an AVRO subscription is sent
+    ("raw_value", pa.binary()),
+    ("schema_id", pa.int32()),
+    ("schema_version", pa.int32()),
+    ("published_ms", pa.int64()),
+    ("event_ms", pa.int64()),  # discarded: when; parked/carried: first read
+    ("due_ms", pa.int64()),
+    ("backoff_s", pa.float64()),
+    ("stats", pa.string()),  # task and lane rows: JSON
+])
+_DDL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.binary(): "binary",
+              pa.float64(): "double"}
+REPORT_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in REPORT_SCHEMA)
+"""REPORT_SCHEMA as the DDL `mapInArrow` is given."""
 
 
 @dataclass
-class TaskCounters:
-    """Counts over one task; summed over tasks for the metrics table."""
+class LaneCounters:
+    """Counts for one subscription over one task; summed over tasks for the metrics table.
+
+    read: rows of the subscription's range the task went through; matched: rows its filters passed (and
+    records that could not be decoded, which go to every subscription); filtered = read - matched.
+    """
 
     read: int = 0
-    filtered: int = 0
+    matched: int = 0
     delivered: int = 0
     discarded: int = 0
+    parked: int = 0
     attempts: int = 0
     timeouts: int = 0
     other_errors: int = 0
@@ -58,7 +69,11 @@ class TaskCounters:
     started_ms: int = 0
     finished_ms: int = 0
 
-    def add(self, other: TaskCounters) -> None:
+    @property
+    def filtered(self) -> int:
+        return max(0, self.read - self.matched)
+
+    def add(self, other: LaneCounters) -> None:
         for name, value in asdict(other).items():
             if name == "inflight_peak":
                 self.inflight_peak = max(self.inflight_peak, value)
@@ -72,11 +87,11 @@ class TaskCounters:
 
 @dataclass(frozen=True)
 class Discarded:
-    topic: str
     partition: int
     offset: int
     message_id: str
     reason: str
+    ended_by: str
     http_status: int | None
     attempts: int
     message: bytes | None  # the message as text (JSON), for people to read
@@ -87,59 +102,118 @@ class Discarded:
     schema_version: int | None = None
 
 
+@dataclass(frozen=True)
+class Parked:
+    """A message whose retries continue outside the task: the record to send and where its delivery stands."""
+
+    record: Record
+    state: RetryState
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A message left behind the subscription's position with its retry state, for catch-up to continue."""
+
+    partition: int
+    offset: int
+    state: RetryState
+
+
+@dataclass
+class LaneReport:
+    """One subscription's outcome in one task.
+
+    stops: partition -> the first offset the subscription has not finished (its position may not pass it).
+    cut: the subscription stopped taking input part-way; partitions missing from `stops` were not reached.
+    """
+
+    counters: LaneCounters = field(default_factory=LaneCounters)
+    flow_state: FlowState = field(default_factory=FlowState)
+    stops: dict[int, int] = field(default_factory=dict)
+    cut: bool = False
+    discarded: list[Discarded] = field(default_factory=list)
+    parked: list[Parked] = field(default_factory=list)
+    carried: list[Carried] = field(default_factory=list)
+
+
 @dataclass
 class TaskReport:
-    counters: TaskCounters = field(default_factory=TaskCounters)
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) -> next offset
-    discarded: list[Discarded] = field(default_factory=list)
-    flow_state: FlowState | None = None
+    """One task's outcome.
 
-    def saw(self, topic: str, partition: int, offset: int) -> None:
-        key = (topic, partition)
-        if offset + 1 > self.positions.get(key, -1):
-            self.positions[key] = offset + 1
+    progress: partition -> the offset after the last row the task read of it.
+    exhausted: the task read all its input (every partition it had was read to the end of the round).
+    """
+
+    task: str = ""
+    progress: dict[int, int] = field(default_factory=dict)
+    exhausted: bool = True
+    lanes: dict[int, LaneReport] = field(default_factory=dict)
 
     def to_arrow(self) -> pa.RecordBatch:
-        rows: list[dict] = []
-        stats = asdict(self.counters)
-        if self.flow_state is not None:
-            stats["flow_mode"] = self.flow_state.mode.value
-            stats["flow_rate_per_s"] = self.flow_state.rate_per_s
-        rows.append({"row_type": "task", "stats": json.dumps(stats)})
-        for (topic, partition), offset in self.positions.items():
-            rows.append({"row_type": "position", "topic": topic, "partition": partition, "offset": offset})
-        for item in self.discarded:
-            rows.append({"row_type": "discarded", **asdict(item)})
+        rows: list[dict] = [{"row_type": "task", "stats": json.dumps(
+            {"progress": {str(p): o for p, o in self.progress.items()}, "exhausted": self.exhausted})}]
+        for index, lane in self.lanes.items():
+            flow = lane.flow_state
+            stats = {"counters": asdict(lane.counters), "stops": {str(p): o for p, o in lane.stops.items()},
+                     "cut": lane.cut, "flow": [flow.mode.value, flow.rate_per_s, flow.next_permit_ms]}
+            rows.append({"row_type": "lane", "lane": index, "stats": json.dumps(stats)})
+            for item in lane.discarded:
+                columns = asdict(item)
+                columns["event_ms"] = columns.pop("discarded_ms")
+                rows.append({"row_type": "discarded", "lane": index, **columns})
+            for item in lane.parked:
+                record, state = item.record, item.state
+                rows.append({"row_type": "parked", "lane": index, "partition": record.partition,
+                             "offset": record.offset, "message_id": record.message_id, "message": record.body,
+                             "avro": record.avro, "schema_id": record.schema_id,
+                             "schema_version": record.schema_version, "published_ms": record.timestamp_ms,
+                             **_state_columns(state)})
+            for item in lane.carried:
+                rows.append({"row_type": "carried", "lane": index, "partition": item.partition,
+                             "offset": item.offset, **_state_columns(item.state)})
+        for row in rows:
+            row["task"] = self.task
         return pa.RecordBatch.from_pylist(rows, schema=REPORT_SCHEMA)
 
+    @staticmethod
+    def from_table(table: pa.Table) -> list[TaskReport]:
+        """The collected rows of every task, read back on the driver."""
+        tasks: dict[str, TaskReport] = {}
+        discarded_fields = [f.name for f in fields(Discarded)]
+        for row in table.to_pylist():
+            report = tasks.setdefault(row["task"], TaskReport(task=row["task"]))
+            kind = row["row_type"]
+            if kind == "task":
+                stats = json.loads(row["stats"])
+                report.progress = {int(p): o for p, o in stats["progress"].items()}
+                report.exhausted = stats["exhausted"]
+                continue
+            lane = report.lanes.setdefault(row["lane"], LaneReport())
+            if kind == "lane":
+                stats = json.loads(row["stats"])
+                lane.counters = LaneCounters(**stats["counters"])
+                lane.stops = {int(p): o for p, o in stats["stops"].items()}
+                lane.cut = stats["cut"]
+                mode, rate, next_permit_ms = stats["flow"]
+                lane.flow_state = FlowState(FlowMode(mode), rate, next_permit_ms)
+            elif kind == "discarded":
+                row["discarded_ms"] = row["event_ms"]
+                lane.discarded.append(Discarded(**{name: row[name] for name in discarded_fields}))
+            elif kind == "parked":
+                record = Record(partition=row["partition"], offset=row["offset"], timestamp_ms=row["published_ms"],
+                                message_id=row["message_id"], body=row["message"], avro=row["avro"],
+                                schema_id=row["schema_id"], schema_version=row["schema_version"])
+                lane.parked.append(Parked(record, _state_of(row)))
+            elif kind == "carried":
+                lane.carried.append(Carried(row["partition"], row["offset"], _state_of(row)))
+        return list(tasks.values())
 
-@dataclass
-class BatchSummary:
-    """Every task of a micro-batch, combined on the driver."""
 
-    counters: TaskCounters = field(default_factory=TaskCounters)
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)
-    discarded: list[Discarded] = field(default_factory=list)
-    flow_states: list[FlowState] = field(default_factory=list)
-    tasks: int = 0
+def _state_columns(state: RetryState) -> dict:
+    return {"attempts": state.attempts, "event_ms": state.first_read_ms, "due_ms": state.due_ms,
+            "backoff_s": state.backoff_s, "http_status": state.last_status, "reason": state.last_reason}
 
 
-def summarize(table: pa.Table) -> BatchSummary:
-    """Combine collected REPORT_SCHEMA rows (driver side)."""
-    summary = BatchSummary()
-    for row in table.to_pylist():
-        kind = row["row_type"]
-        if kind == "task":
-            stats = json.loads(row["stats"])
-            mode = stats.pop("flow_mode", None)
-            rate = stats.pop("flow_rate_per_s", None)
-            summary.counters.add(TaskCounters(**stats))
-            summary.tasks += 1
-            if mode is not None:
-                summary.flow_states.append(FlowState(FlowMode(mode), rate))
-        elif kind == "position":
-            key = (row["topic"], row["partition"])
-            summary.positions[key] = max(summary.positions.get(key, 0), row["offset"])
-        elif kind == "discarded":
-            summary.discarded.append(Discarded(**{name: row[name] for name in Discarded.__dataclass_fields__}))
-    return summary
+def _state_of(row: dict) -> RetryState:
+    return RetryState(attempts=row["attempts"], first_read_ms=row["event_ms"], due_ms=row["due_ms"],
+                      backoff_s=row["backoff_s"], last_status=row["http_status"], last_reason=row["reason"] or "")

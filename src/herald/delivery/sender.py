@@ -1,238 +1,280 @@
-"""The delivery loop of one Spark task (SERIAL): read, send, classify, retry or discard, report.
+"""The delivery loop of one Spark task: every subscription of the task's plan, over one transport.
 
-One loop owns all policy; worker threads only perform HTTP attempts. The loop:
+One thread runs the loop; the input is read ahead on another (`input.Prefetcher`) and the transport never
+blocks (`transport`), so a task serves any number of subscriptions with bounded threads and connections.
+Each subscription keeps its own rules, queue, rate and flow state in a `Lane`; the loop knows nothing of
+Hermes' rules. It:
 
-1. takes records from the task's input while fewer than `inflight` messages are in flight (a message stays
-   in flight from when it is read until it is delivered or discarded, retries included, as in Hermes);
-2. starts attempts that are due, within the hard rate cap and the adaptive controller's rate and
-   concurrency, discarding a message whose TTL has passed before it could be tried;
-3. classifies each finished attempt and delivers, schedules a retry (backoff or Retry-After) or discards.
+1. reads rows while fewer than `readahead_rows` / `readahead_bytes` wait to be taken, and hands each row to
+   the lanes whose filters passed it. When the read-ahead is full and a lane starves, the lane holding the
+   most rows is cut off: its position stops there and it catches up on its own, so a slow subscriber never
+   holds back the others;
+2. lets lanes admit rows into flight and start due attempts while the transport has room, waking up at the
+   earliest of: an answer, the next due retry or rate permit, new input, the deadline;
+3. hands each answer to its lane;
+4. settles a lane that has nothing but retries left for `park_after_s` (once its input is read), one whose
+   rate keeps its next attempt waiting longer than that (`TaskPlan.settle_throttled`), and every
+   lane at the deadline (after its open attempts finish): unattempted messages stop its position, retries
+   are parked (or carried, for an ordered subscription or beyond its stop).
 
-It returns when every record read is delivered or discarded, so the micro-batch may then be committed.
-Time comes from an injectable monotonic `clock` and `sleep` (seconds) and `wall_clock_ms` (epoch milliseconds).
+It returns when every lane is finished or settled, with a `TaskReport`. Time comes from an injectable
+monotonic `clock` (seconds) and `wall_clock_ms` (epoch ms); the loop waits in the transport's `poll` while
+attempts are open and in `sleep` (seconds) otherwise, so tests run it on a fake clock without real waiting
+(with `prefetch=False`, the input is read on the loop's thread, so that such a test does not race a thread).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import logging
-import queue
+import math
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 
-from herald.delivery.flow import FlowController, RateCap
-from herald.delivery.headers import attempt_headers
-from herald.delivery.message import Delivery, Record
-from herald.delivery.outcome import Outcome, TransportFailure, Verdict, classify
-from herald.delivery.plan import DeliveryPlan
-from herald.delivery.policy import TTL_ELAPSED, GiveUp, Retry
-from herald.delivery.report import Discarded, TaskReport
-from herald.delivery.transport import HttpAnswer, HttpTransport
+import numpy as np
 
-log = logging.getLogger(__name__)
+from herald.delivery.input import InlineReader, InputBatch, Prefetcher
+from herald.delivery.lane import Lane
+from herald.delivery.message import Record
+from herald.delivery.plan import TaskPlan
+from herald.delivery.report import TaskReport
+from herald.delivery.transport import Transport, open_transport
 
-_IDLE_WAIT_S = 0.5  # longest single wait of the loop when nothing else bounds it
+_SWEEP_S = 0.05  # how often every lane's flow window and stall are looked at
+_INPUT_POLL_S = 0.01  # longest wait for an answer while more input may be ready
+_IDLE_WAIT_S = 0.5
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class PartitionSender:
-    """Delivers one task's records under `plan`; use once per task."""
+class TaskSender:
+    """Delivers one task's rows for every lane of `plan`; use once per task. `stop()` returning True ends it
+    as the deadline would."""
 
     def __init__(
         self,
-        plan: DeliveryPlan,
-        transport: HttpTransport | None = None,
+        plan: TaskPlan,
+        transport: Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = _now_ms,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        task_index: int = 0,
+        stop: Callable[[], bool] = lambda: False,
+        prefetch: bool = True,
     ) -> None:
         self.plan = plan
-        self.transport = transport or HttpTransport(plan.request_timeout_s, plan.socket_timeout_s)
+        self.task_index = task_index
+        self.stop = stop
+        self.prefetch = prefetch
+        self.transport = transport
         self.clock = clock
         self.wall_clock_ms = wall_clock_ms
         self.sleep = sleep
         self.rng = rng or random.Random()
-        self.report = TaskReport()
-        self._due: list[tuple[float, int, Delivery]] = []  # heap by due time
+        self.lanes: dict[int, Lane] = {}
+        self._progress: dict[int, int] = {}  # partition -> offset after the last row read
+        self._offsets: dict[int, list[np.ndarray]] = {}
+        self._holders: dict[int, int] = {}  # id(record) -> lanes holding it pending
+        self._held_rows = 0
+        self._held_bytes = 0
+        self._ready: dict[Lane, None] = {}  # lanes to look at now, in order
+        self._timers: list[tuple[float, int, Lane]] = []
         self._sequence = itertools.count()
-        self._finished: queue.SimpleQueue = queue.SimpleQueue()
-        self._in_flight = 0  # read, not yet delivered or discarded
-        self._open_requests = 0
+        self._no_room: dict[Lane, None] = {}  # lanes waiting for the transport to have room
 
-    def run(self, records: Iterable[Record]) -> TaskReport:
-        plan, counters = self.plan, self.report.counters
-        counters.started_ms = self.wall_clock_ms()
-        flow = FlowController(plan.rate_per_s, plan.flow_settings, plan.flow_state, self.clock())
-        cap = RateCap(flow.rate_per_s)
-        source = iter(records)
-        exhausted = False
-        with ThreadPoolExecutor(max_workers=max(1, plan.inflight), thread_name_prefix="herald-send") as workers:
-            while True:
-                if flow.adjust(self.clock()):
-                    cap.set_rate(flow.rate_per_s)
-                if not exhausted:
-                    exhausted = self._admit(source)
-                wait_s = self._dispatch(workers, flow, cap, self.clock())  # reading may have blocked
-                if exhausted and self._in_flight == 0:
-                    break
-                self._collect(flow, wait_s)
-        self.transport.close()
-        counters.finished_ms = self.wall_clock_ms()
-        self.report.flow_state = flow.state()
-        return self.report
-
-    # -- 1. reading ---------------------------------------------------------------------------------------
-    def _admit(self, source) -> bool:
-        """Take records while there is room in flight; True when the input is exhausted.
-
-        Each record's TTL starts when it is taken: reading the input may block while Spark fetches more.
-        """
-        counters = self.report.counters
-        while self._in_flight < self.plan.inflight:
-            record = next(source, None)
-            if record is None:
-                return True
-            now = self.clock()
-            counters.read += 1
-            self.report.saw(record.topic, record.partition, record.offset)
-            if record.error is not None:
-                self._discard(Delivery(record, record.message_id, first_read_at=now, due_at=now),
-                              f"Message could not be decoded: {record.error}", in_flight=False)
-                continue
-            if not record.matched:
-                counters.filtered += 1
-                continue
-            delay_s = 0.0
-            if self.plan.sending_delay_s > 0:
-                age_s = max(0.0, (self.wall_clock_ms() - record.timestamp_ms) / 1000)
-                delay_s = max(0.0, self.plan.sending_delay_s - age_s)
-            delivery = Delivery(record, record.message_id, first_read_at=now, due_at=now + delay_s)
-            self._schedule(delivery)
-            self._in_flight += 1
-            counters.inflight_peak = max(counters.inflight_peak, self._in_flight)
-        return False
-
-    def _schedule(self, delivery: Delivery) -> None:
-        heapq.heappush(self._due, (delivery.due_at, next(self._sequence), delivery))
-
-    # -- 2. sending ---------------------------------------------------------------------------------------
-    def _dispatch(self, workers: ThreadPoolExecutor, flow: FlowController, cap: RateCap, now: float) -> float:
-        """Start due attempts; return how long the loop may wait before something else becomes due."""
-        wait_s = _IDLE_WAIT_S
-        while self._due and self._open_requests < flow.concurrency(self.plan.inflight):
-            due_at, _, delivery = self._due[0]
-            if due_at > now:
-                return min(wait_s, due_at - now)
-            if now > self.plan.retry.deadline(delivery.first_read_at):
-                heapq.heappop(self._due)
-                last = f"; last: {delivery.last_reason}" if delivery.last_reason else ""
-                self._discard(delivery, f"{TTL_ELAPSED}{last}")
-                continue
-            permit_wait_s = cap.try_acquire(now)
-            if permit_wait_s > 0:
-                return min(wait_s, permit_wait_s)
-            heapq.heappop(self._due)
-            self._open_requests += 1
-            self.report.counters.attempts += 1
-            workers.submit(self._attempt, delivery, delivery.attempts, now)
-            delivery.attempts += 1
-        return wait_s
-
-    def _attempt(self, delivery: Delivery, retry_count: int, started_at: float) -> None:
-        """Worker thread: one HTTP attempt; the result goes back to the loop."""
-        record = delivery.record
-        schema = self.plan.schema_headers
-        headers = attempt_headers(self.plan.headers, delivery.message_id, retry_count,
-                                  schema_id=record.schema_id if schema else None,
-                                  schema_version=record.schema_version if schema else None)
-        body = record.value or b""
+    def run(self, batches: Iterable[InputBatch]) -> TaskReport:
+        now, now_ms = self.clock(), self.wall_clock_ms()
+        if self.transport is None:
+            self.transport = open_transport(self.plan.transport, self.plan.max_open)
+        for index, whole in self.plan.lanes.items():
+            lane_plan = whole.share(self.plan.tasks, self.task_index)
+            lane = Lane(index, lane_plan, now, now_ms, self.rng)
+            lane.counters.started_ms = now_ms
+            if lane_plan.inflight <= 0:
+                lane.cut_input({})  # every slot is held by parked retries: it takes nothing new
+            self.lanes[index] = lane
+            self._ready[lane] = None
+        reader = Prefetcher(batches) if self.prefetch else InlineReader(batches)
+        deadline = now + (self.plan.deadline_ms - now_ms) / 1000
         try:
-            result = self.transport.post(self.plan.url, body, headers)
-        except BaseException as error:  # noqa: BLE001 - handed to the loop, which re-raises it
-            result = error
-        self._finished.put((delivery, started_at, result))
+            self._loop(reader, deadline)
+            exhausted = reader.done
+        finally:
+            reader.close()
+            self.transport.close()
+        return self._report(exhausted)
 
-    # -- 3. answers ---------------------------------------------------------------------------------------
-    def _collect(self, flow: FlowController, wait_s: float) -> None:
-        """Wait up to `wait_s` for finished attempts and handle all that are ready."""
-        if self._open_requests == 0:
-            self.sleep(wait_s)
-            return
-        try:
-            item = self._finished.get(timeout=max(wait_s, 0.0005))
-        except queue.Empty:
-            return
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def _loop(self, reader: Prefetcher, deadline: float) -> None:
+        transport = self.transport
+        next_sweep = 0.0
         while True:
-            self._handle(flow, *item)
-            try:
-                item = self._finished.get_nowait()
-            except queue.Empty:
+            now, now_ms = self.clock(), self.wall_clock_ms()
+            stopping = now >= deadline or self.stop()
+            if stopping:
+                if transport.open == 0:
+                    self._settle_all(now, now_ms, reader.done)
+                    return
+            else:
+                self._read(reader, now_ms)
+                while self._timers and self._timers[0][0] <= now:
+                    self._ready[heapq.heappop(self._timers)[2]] = None
+                self._pump(now, now_ms)
+                if now >= next_sweep:
+                    next_sweep = now + _SWEEP_S
+                    self._sweep(now, now_ms, reader.done)
+                if reader.done and transport.open == 0 and all(l.finished or l.settled for l in self.lanes.values()):
+                    return
+            wait_s = _IDLE_WAIT_S if stopping else self._wait_s(now, deadline, next_sweep, reader)
+            if transport.open:
+                for token, result in transport.poll(wait_s):
+                    lane, delivery, started_at = token
+                    lane.answer(delivery, started_at, result, self.clock(), self.wall_clock_ms())
+                    if not stopping:
+                        self._ready[lane] = None
+            elif wait_s > 0:
+                if not stopping and not reader.done and self._room_to_read():
+                    reader.wait(wait_s)
+                else:
+                    self.sleep(wait_s)
+            if self._no_room and transport.open < transport.max_open:
+                self._ready.update(self._no_room)
+                self._no_room.clear()
+
+    def _wait_s(self, now: float, deadline: float, next_sweep: float, reader: Prefetcher) -> float:
+        """How long the loop may wait before it has something to do (seconds)."""
+        if self._ready:
+            return 0.0
+        wait_s = min(deadline - now, next_sweep - now, _IDLE_WAIT_S)
+        if self._timers:
+            wait_s = min(wait_s, self._timers[0][0] - now)
+        if not reader.done and self._room_to_read():
+            wait_s = min(wait_s, _INPUT_POLL_S)
+        return max(wait_s, 0.0)
+
+    def _pump(self, now: float, now_ms: int) -> None:
+        """Let every ready lane admit rows and start due attempts."""
+        transport = self.transport
+        ready, self._ready = self._ready, {}
+        for lane in ready:
+            if lane.settled:
+                continue
+            self._release(lane.admit(now, now_ms))
+            room = transport.max_open - transport.open
+            wake_at, _ = lane.dispatch(now, now_ms, room, transport.start)
+            if wake_at is None:
+                continue
+            if wake_at <= now:  # the transport is full
+                self._no_room[lane] = None
+            else:
+                heapq.heappush(self._timers, (wake_at, next(self._sequence), lane))
+
+    def _sweep(self, now: float, now_ms: int, input_done: bool) -> None:
+        """Close flow windows; settle lanes that have had nothing but retries for `park_after_s`."""
+        for lane in self.lanes.values():
+            if lane.settled:
+                continue
+            lane.adjust(now)
+            if not lane.settling:
+                since = lane.stalled(now, input_done)
+                lane.settling = since is not None and now - since >= self.plan.park_after_s or (
+                    self.plan.settle_throttled and lane.throttled_s(now) > self.plan.park_after_s)
+            if lane.settling and lane.open == 0:
+                self._release(lane.settle(now, now_ms, self._progress, input_done))
+
+    def _settle_all(self, now: float, now_ms: int, input_done: bool) -> None:
+        for lane in self.lanes.values():
+            if not lane.settled:
+                self._release(lane.settle(now, now_ms, self._progress, input_done))
+
+    # -- input ------------------------------------------------------------------------------------------------
+    def _room_to_read(self) -> bool:
+        return self._held_rows < self.plan.readahead_rows and self._held_bytes < self.plan.readahead_bytes
+
+    def _read(self, reader: Prefetcher, now_ms: int) -> None:
+        while self._room_to_read():
+            batch = reader.take()
+            if batch is None:
+                break
+            self._feed(batch, now_ms)
+        if not self._room_to_read():
+            self._relieve()
+
+    def _feed(self, batch: InputBatch, now_ms: int) -> None:
+        for partition, offsets in batch.offsets.items():
+            if len(offsets):
+                self._offsets.setdefault(partition, []).append(offsets)
+                self._progress[partition] = max(self._progress.get(partition, 0), int(offsets[-1]) + 1)
+        lanes = self.lanes
+        for record, targets in batch.rows:
+            for index in targets:
+                lane = lanes.get(index)
+                if lane is None or lane.cut or lane.settled:
+                    continue
+                if lane.take(record, now_ms):
+                    self._hold(record)
+                    self._ready[lane] = None
+
+    def _relieve(self) -> None:
+        """The read-ahead is full: while a lane starves for rows, cut off the lane holding the most."""
+        live = [lane for lane in self.lanes.values() if not lane.cut and not lane.settled]
+        while not self._room_to_read():
+            if not any(not lane.pending and lane.in_flight < lane.plan.inflight for lane in live):
                 return
+            victim = max(live, key=lambda lane: len(lane.pending))
+            if not victim.pending:
+                return
+            self._release(victim.cut_input(self._progress))
+            live.remove(victim)
 
-    def _handle(self, flow: FlowController, delivery: Delivery, started_at: float, result) -> None:
-        self._open_requests -= 1
-        if isinstance(result, BaseException):
-            raise result
-        outcome = self._classify(result)
-        counters = self.report.counters
-        category = outcome.category.value
-        setattr(counters, category, getattr(counters, category) + 1)
-        flow.record(outcome.slows, started_at)
-        delivery.last_status = outcome.status
-        delivery.last_reason = outcome.reason
-        if outcome.verdict is Verdict.DELIVERED:
-            delivery.finish("delivered")
-            self._in_flight -= 1
-            counters.delivered += 1
-            return
-        now = self.clock()
-        step = self.plan.retry.after_failure(
-            outcome, delivery.attempts, delivery.first_read_at, delivery.backoff_s, now, self.rng
-        )
-        if isinstance(step, Retry):
-            delivery.due_at, delivery.backoff_s = step.due_at, step.backoff_s
-            self._schedule(delivery)
-        else:
-            assert isinstance(step, GiveUp)
-            self._discard(delivery, step.reason)
+    def _hold(self, record: Record) -> None:
+        key = id(record)
+        count = self._holders.get(key, 0)
+        if count == 0:
+            self._held_rows += 1
+            self._held_bytes += record.size
+        self._holders[key] = count + 1
 
-    def _classify(self, result: HttpAnswer | TransportFailure) -> Outcome:
-        if isinstance(result, TransportFailure):
-            return classify(failure=result)
-        return classify(
-            result.status, result.retry_after, retry_client_errors=self.plan.retry.retry_client_errors,
-            oauth=self.plan.oauth,
-        )
+    def _release(self, records: list[Record]) -> None:
+        for record in records:
+            key = id(record)
+            count = self._holders[key] - 1
+            if count:
+                self._holders[key] = count
+            else:
+                del self._holders[key]
+                self._held_rows -= 1
+                self._held_bytes -= record.size
 
-    def _discard(self, delivery: Delivery, reason: str, in_flight: bool = True) -> None:
-        """Give the message up: counted, and reported for the undelivered table. `in_flight`: it held a place."""
-        delivery.finish("discarded")
-        if in_flight:
-            self._in_flight -= 1
-        self.report.counters.discarded += 1
-        record = delivery.record
-        self.report.discarded.append(
-            Discarded(
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                message_id=delivery.message_id,
-                reason=reason,
-                http_status=delivery.last_status,
-                attempts=delivery.attempts,
-                message=record.text.encode() if record.text is not None else record.value,
-                published_ms=record.timestamp_ms,
-                discarded_ms=self.wall_clock_ms(),
-                raw_value=record.raw,
-                schema_id=record.schema_id,
-                schema_version=record.schema_version,
-            )
-        )
-        log.debug("discarded %s/%s/%s: %s", record.topic, record.partition, record.offset, reason)
+    # -- report -----------------------------------------------------------------------------------------------
+    def _report(self, exhausted: bool) -> TaskReport:
+        now, now_ms = self.clock(), self.wall_clock_ms()
+        offsets = {p: np.concatenate(arrays) for p, arrays in self._offsets.items()}
+        report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted)
+        for index, lane in self.lanes.items():
+            lane_report = lane.report
+            lane_report.counters.read = _rows_gone_through(offsets, lane.plan.starts, lane_report.stops, lane.cut)
+            lane_report.counters.finished_ms = now_ms
+            next_free = lane.cap.next_free
+            next_permit_ms = now_ms + math.ceil((next_free - now) * 1000) if math.isfinite(next_free) else 0
+            lane_report.flow_state = lane.flow.state(max(next_permit_ms, 0))
+            report.lanes[index] = lane_report
+        return report
+
+
+def _rows_gone_through(offsets: dict[int, np.ndarray], starts: dict[int, int], stops: dict[int, int],
+                       cut: bool) -> int:
+    """Rows of the task's input in [start, stop) per partition (a cut lane did not reach unlisted partitions)."""
+    total = 0
+    for partition, values in offsets.items():
+        if cut and partition not in stops:
+            continue
+        low = int(np.searchsorted(values, starts.get(partition, -1), side="left"))
+        high = int(np.searchsorted(values, stops[partition], side="left")) if partition in stops else len(values)
+        total += max(0, high - low)
+    return total

@@ -1,55 +1,31 @@
-"""The function each Spark task runs (through `mapInArrow`): Arrow batches in, report rows out.
+"""The function each Spark task runs through `mapInArrow`: the topic's rows in, one report batch out.
 
-Input columns (see `herald.engine.query`): topic, partition, offset, timestamp, key, value, headers, matched,
-and for AVRO topics text, error, raw, schema_id, schema_version.
-Records are taken from each Arrow batch lazily, so the sender reads only as fast as it delivers.
+The rows carry a `targets` column (the subscriptions whose filters passed, as indices into the plan's lanes;
+see `herald.engine.fanout`). One `TaskSender` delivers for all of them; the input is read on a thread, so
+the loop never blocks on Spark, and it is read to the end even when the deadline stops delivery early.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from herald.delivery.message import Record
-from herald.delivery.plan import DeliveryPlan
-from herald.delivery.sender import PartitionSender
-
-
-def records_of(batches: Iterable[pa.RecordBatch]) -> Iterator[Record]:
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        topic = batch.column("topic").to_pylist()
-        partition = batch.column("partition").to_pylist()
-        offset = batch.column("offset").to_pylist()
-        timestamp_ms = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000).to_pylist()
-        key = batch.column("key").to_pylist()
-        value = batch.column("value").to_pylist()
-        headers = batch.column("headers").to_pylist()
-        matched = batch.column("matched").to_pylist()
-        optional = {name: batch.column(name).to_pylist() if name in batch.schema.names else [None] * batch.num_rows
-                    for name in ("text", "error", "raw", "schema_id", "schema_version")}
-        for i in range(batch.num_rows):
-            yield Record(
-                topic=topic[i],
-                partition=partition[i],
-                offset=offset[i],
-                timestamp_ms=timestamp_ms[i] or 0,
-                value=value[i],
-                key=key[i],
-                headers=tuple((h["key"], h["value"]) for h in headers[i]) if headers[i] else (),
-                matched=bool(matched[i]),
-                **{name: values[i] for name, values in optional.items()},
-            )
+from herald.delivery.input import arrow_input
+from herald.delivery.plan import TaskPlan
+from herald.delivery.sender import TaskSender
 
 
-def delivery_task(plan: DeliveryPlan):
-    """The `mapInArrow` function for one micro-batch: delivers the task's records, yields one report."""
+def delivery_task(plan: TaskPlan):
+    """The `mapInArrow` function for one round: delivers the task's rows, yields its report."""
+    every_lane = tuple(plan.lanes)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        report = PartitionSender(plan).run(records_of(batches))
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        task_index = context.partitionId() if context is not None else 0
+        report = TaskSender(plan, task_index=task_index).run(arrow_input(batches, plan.topic, every_lane))
         yield report.to_arrow()
 
     return run

@@ -1,0 +1,276 @@
+"""One subscription inside a task's delivery loop (a "lane"): its queue, its messages in flight, its flow.
+
+The loop (`herald.delivery.sender`) owns the transport, the clock and the input; a lane owns the rules of its
+subscription, from Hermes (`outcome`, `policy`, `flow`):
+
+- it takes the rows its filters passed (`take`), admits them into flight while it has room (`inflightSize`
+  share; a message is in flight from then until it is delivered, discarded, parked or carried, retries
+  included, so with inflight 1 a partition's messages go out in order);
+- it starts attempts that are due, within its hard rate cap and its adaptive controller (`dispatch`), never
+  refusing a first attempt for the TTL;
+- it classifies each answer and delivers, schedules a retry (backoff or Retry-After) or discards (`answer`);
+- at the end (`settle`), what is unfinished either stops the subscription's position (never attempted, or an
+  ordered subscription's retry, carried with its state) or is parked with its state (a retry of an unordered
+  subscription). Its report says where its position may go: `stops`.
+
+Times are the loop's monotonic seconds (`now`) and wall-clock epoch milliseconds (`now_ms`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+
+from herald.delivery.flow import FlowController, RateCap
+from herald.delivery.message import Delivery, Record
+from herald.delivery.outcome import Verdict, classify
+from herald.delivery.plan import LanePlan
+from herald.delivery.policy import EndedBy, GiveUp, Retry
+from herald.delivery.report import Carried, Discarded, LaneReport, Parked
+from herald.delivery.transport import HttpAnswer, HttpRequest
+
+StartAttempt = Callable[[HttpRequest, object], None]
+
+
+class Lane:
+    def __init__(self, index: int, plan: LanePlan, now: float, now_ms: int, rng: random.Random) -> None:
+        self.index = index
+        self.plan = plan
+        self.rng = rng
+        self.pending: deque[Record] = deque()  # taken from the input, not yet admitted into flight
+        self.in_flight = 0  # admitted and not finished: waiting or open
+        self.open = 0  # attempts open now
+        self.cut = False  # takes no more input
+        self.settled = False  # nothing more happens for this lane in the task
+        self.report = LaneReport(cut=False)
+        self.counters = self.report.counters
+        self.flow = FlowController(plan.rate_per_s, plan.flow_settings, plan.flow_state, now)
+        carried_permit = plan.flow_state.next_permit_ms
+        next_free = now + (carried_permit - now_ms) / 1000 if carried_permit else float("-inf")
+        self.cap = RateCap(self.flow.rate_per_s, next_free)
+        self._waiting: list[tuple[float, int, Delivery]] = []  # admitted, not open: by due time
+        self._fresh = 0  # waiting deliveries never attempted
+        self._open_first = 0  # open attempts that are first attempts
+        self.settling = False  # starts no more attempts; settles once its open attempts are answered
+        self._sequence = itertools.count()
+        self._resume = plan.resume
+        self._stalled_since: float | None = None
+        self._lines = plan.header_lines
+
+    # -- input ------------------------------------------------------------------------------------------------
+    def take(self, record: Record, now_ms: int) -> bool:
+        """Offer a row its filters passed; True when the lane keeps it pending (it then holds the row)."""
+        if record.offset < self.plan.starts.get(record.partition, -1):
+            return False  # already done before this round
+        self.counters.matched += 1
+        if record.error is not None:
+            self._discard_record(record, f"Message could not be decoded: {record.error}", EndedBy.DECODE, None, 0,
+                                 now_ms)
+            return False
+        self.pending.append(record)
+        return True
+
+    def cut_input(self, progress: dict[int, int]) -> list[Record]:
+        """Take no more input: the position stops at the rows not admitted and, in every partition read so far,
+        after the last row read (`progress`). Returns the rows it stops holding."""
+        self.cut = True
+        self.report.cut = True
+        dropped = self._leave_pending()
+        if self.plan.positional:
+            for partition, next_offset in progress.items():
+                self._stop(partition, next_offset)
+        return dropped
+
+    # -- flight -----------------------------------------------------------------------------------------------
+    def admit(self, now: float, now_ms: int) -> list[Record]:
+        """Admit pending rows while there is room in flight; returns the rows it stops holding."""
+        admitted = []
+        while self.pending and self.in_flight < self.plan.inflight:
+            record = self.pending.popleft()
+            admitted.append(record)
+            state = self._resume.get((record.partition, record.offset)) if self._resume else None
+            if state is not None:
+                delivery = Delivery.resumed(record, state, now, now_ms)
+            else:
+                delay_s = 0.0
+                if self.plan.sending_delay_s > 0:
+                    delay_s = max(0.0, self.plan.sending_delay_s - max(0, now_ms - record.timestamp_ms) / 1000)
+                delivery = Delivery(record, first_read_at=now, due_at=now + delay_s)
+                self._fresh += 1
+            self._push(delivery)
+            self.in_flight += 1
+        if admitted:
+            self.counters.inflight_peak = max(self.counters.inflight_peak, self.in_flight)
+            self._stalled_since = None
+        return admitted
+
+    def dispatch(self, now: float, now_ms: int, room: int, start: StartAttempt) -> tuple[float | None, int]:
+        """Start due attempts, at most `room` (the transport's free places). Returns (when to look again, or None
+        when only an answer can unblock the lane; attempts started)."""
+        started = 0
+        if self.settling:
+            return None, 0
+        limit = self.flow.concurrency(self.plan.inflight)
+        while self._waiting and self.open < limit:
+            due_at, _, delivery = self._waiting[0]
+            if due_at > now:
+                return due_at, started
+            if delivery.attempts > 0 and now > self.plan.retry.deadline(delivery.first_read_at):
+                heapq.heappop(self._waiting)
+                self._discard(delivery, delivery.last_reason, EndedBy.TTL, now_ms)
+                continue
+            if started >= room:
+                return now, started
+            permit_wait_s = self.cap.try_acquire(now)
+            if permit_wait_s > 0:
+                return now + permit_wait_s, started
+            heapq.heappop(self._waiting)
+            if delivery.attempts == 0:
+                self._fresh -= 1
+                self._open_first += 1
+            self.open += 1
+            self.counters.attempts += 1
+            start(self._request(delivery), (self, delivery, now))
+            delivery.attempts += 1
+            started += 1
+        return None, started
+
+    def answer(self, delivery: Delivery, started_at: float, result, now: float, now_ms: int) -> None:
+        """Classify the answer to an attempt and deliver, retry or discard."""
+        self.open -= 1
+        if delivery.attempts == 1:
+            self._open_first -= 1
+        if isinstance(result, HttpAnswer):
+            outcome = classify(result.status, result.retry_after,
+                               retry_client_errors=self.plan.retry.retry_client_errors, now_epoch_s=now_ms / 1000)
+        else:
+            outcome = classify(failure=result)
+        counters = self.counters
+        category = outcome.category.value
+        setattr(counters, category, getattr(counters, category) + 1)
+        self.flow.record(outcome.slows, started_at)
+        if outcome.verdict is Verdict.DELIVERED:
+            delivery.finish("delivered")
+            self.in_flight -= 1
+            counters.delivered += 1
+            return
+        delivery.last_status, delivery.last_reason = outcome.status, outcome.reason
+        step = self.plan.retry.after_failure(outcome, delivery.attempts, delivery.first_read_at, delivery.backoff_s,
+                                             now, self.rng)
+        if isinstance(step, Retry):
+            delivery.due_at, delivery.backoff_s = step.due_at, step.backoff_s
+            self._push(delivery)
+        else:
+            assert isinstance(step, GiveUp)
+            self._discard(delivery, step.reason, step.ended_by, now_ms)
+
+    def adjust(self, now: float) -> None:
+        """Let the adaptive controller close its window; the hard cap follows its rate."""
+        if self.flow.adjust(now):
+            self.cap.set_rate(self.flow.rate_per_s)
+
+    # -- state ------------------------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.in_flight == 0 and not self.pending
+
+    def stalled(self, now: float, input_done: bool) -> float | None:
+        """Since when nothing but retries can move this lane (every message in flight has been tried, and there
+        is no room or no more input coming); None when something else still can."""
+        blocked = self.in_flight > 0 and self._fresh == 0 and self._open_first == 0 and (
+            (input_done and not self.pending) or self.in_flight >= self.plan.inflight)
+        if not blocked:
+            self._stalled_since = None
+            return None
+        if self._stalled_since is None:
+            self._stalled_since = now
+        return self._stalled_since
+
+    def throttled_s(self, now: float) -> float:
+        """Seconds its rate makes its next attempt wait (0 when it has nothing waiting to start, or may start)."""
+        if not self._waiting and not self.pending:
+            return 0.0
+        return max(0.0, self.cap.next_free - now)
+
+    def settle(self, now: float, now_ms: int, progress: dict[int, int], input_done: bool) -> list[Record]:
+        """End the lane (no attempt open): stop its position at what was never attempted, carry or park its
+        retries. Returns the rows it stops holding."""
+        assert self.open == 0, "settle with attempts open"
+        dropped = [] if input_done or self.cut else self.cut_input(progress)
+        dropped += self._leave_pending()
+        retrying = []
+        for _, _, delivery in self._waiting:
+            if delivery.attempts == 0 and self.plan.positional:
+                self._stop(delivery.record.partition, delivery.record.offset)
+            else:
+                retrying.append(delivery)
+        self._waiting.clear()
+        for delivery in sorted(retrying, key=lambda d: (d.record.partition, d.record.offset)):
+            record = delivery.record
+            if self.plan.positional and (self.plan.ordered
+                                         or record.offset >= self.report.stops.get(record.partition, math.inf)):
+                delivery.finish("carried")
+                self.report.carried.append(Carried(record.partition, record.offset, delivery.state(now, now_ms)))
+                self._stop(record.partition, record.offset)
+            else:
+                delivery.finish("parked")
+                self.report.parked.append(Parked(record, delivery.state(now, now_ms)))
+                self.counters.parked += 1
+        self.in_flight = 0
+        self._fresh = 0
+        self.settled = True
+        return dropped
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def _leave_pending(self) -> list[Record]:
+        """Give up the rows never admitted: the position stops at them, or (outside any position) they are
+        parked again as they came."""
+        dropped = list(self.pending)
+        self.pending.clear()
+        for record in dropped:
+            if self.plan.positional:
+                self._stop(record.partition, record.offset)
+            else:
+                state = self._resume.get((record.partition, record.offset))
+                if state is not None:
+                    self.report.parked.append(Parked(record, state))
+                    self.counters.parked += 1
+        return dropped
+
+    def _push(self, delivery: Delivery) -> None:
+        heapq.heappush(self._waiting, (delivery.due_at, next(self._sequence), delivery))
+
+    def _request(self, delivery: Delivery) -> HttpRequest:
+        record = delivery.record
+        lines = self._lines + (f"Hermes-Message-Id: {record.message_id}", f"Hermes-Retry-Count: {delivery.attempts}")
+        if self.plan.avro:
+            if record.schema_id is not None:
+                lines += (f"Schema-Id: {record.schema_id}",)
+            if record.schema_version is not None:
+                lines += (f"Schema-Version: {record.schema_version}",)
+        plan = self.plan
+        body = (record.avro if plan.avro else record.body) or b""
+        return HttpRequest(plan.url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
+
+    def _stop(self, partition: int, offset: int) -> None:
+        stops = self.report.stops
+        if offset < stops.get(partition, math.inf):
+            stops[partition] = offset
+
+    def _discard(self, delivery: Delivery, reason: str, ended_by: str, now_ms: int | None) -> None:
+        delivery.finish("discarded")
+        self.in_flight -= 1
+        self._discard_record(delivery.record, reason, ended_by, delivery.last_status, delivery.attempts, now_ms)
+
+    def _discard_record(self, record: Record, reason: str, ended_by: str, status: int | None, attempts: int,
+                        now_ms: int | None) -> None:
+        self.counters.discarded += 1
+        self.report.discarded.append(Discarded(
+            partition=record.partition, offset=record.offset, message_id=record.message_id, reason=reason,
+            ended_by=ended_by, http_status=status, attempts=attempts, message=record.body,
+            published_ms=record.timestamp_ms, discarded_ms=now_ms or 0, raw_value=record.raw,
+            schema_id=record.schema_id, schema_version=record.schema_version))

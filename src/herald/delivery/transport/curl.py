@@ -1,0 +1,261 @@
+"""The curl transport: libcurl's multi interface through pycurl, one thread for every open attempt.
+
+One `CurlMulti` drives every attempt of the transport; easy handles are created on demand (never more than
+`max_open`) and reused, kept idle per endpoint (scheme, host, port) so that a handle usually goes back to the
+URL and timeouts it already has and only the headers and body are set per attempt. Connections are kept alive
+in the multi handle's cache, at most `max_open` of them.
+
+Options of every attempt: POST, HTTP/1.1, no redirects, no `Expect: 100-continue`, no `Content-Type` added by
+libcurl, no proxy (not even from the environment), no .netrc, no cookies, `User-Agent: Herald/<version>`,
+certifi's CA bundle for https, no signals. The answer's head is written into a buffer and searched for
+Retry-After only; the body is counted and dropped (`MAX_ANSWER_BODY_BYTES` at most: a longer answer stops the
+transfer, its connection is closed, and its status is still returned).
+
+Timeouts (DESIGN.md §4): `request_timeout_s` is libcurl's total timeout (TIMEOUT_MS). `socket_timeout_s` is
+watched here, not by libcurl: every `_IDLE_CHECK_S` `poll` looks at the bytes each watched attempt has moved
+(request, answer head, answer body) and aborts one that has moved none for that long once its request began
+to go out (so the connect is bounded by the total only, as in the requests transport). Measured on 127.0.0.1:
+an attempt whose server stops sending is cut 0.00-0.06 s after `socket_timeout_s`. libcurl's own low-speed
+check (LOW_SPEED_LIMIT 1 byte/s for LOW_SPEED_TIME s) is not used: it averages over the last ~5 s including
+the bytes sent, so with LOW_SPEED_TIME 1 s it fired 1.0 s after the last byte for an empty body, 4.0 s for a
+3-byte body and 7.0 s for a 200-byte or larger one (libcurl 8.23).
+
+Waiting uses select(2) (`CurlMulti.select`), which sees descriptors below FD_SETSIZE (1024) only: one wait
+never lasts longer than libcurl's next timer nor `_MAX_WAIT_S`, so transfers on higher descriptors still
+progress, that much later.
+
+pycurl errors become `TransportFailure`s here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Hashable
+from urllib.parse import urlsplit
+
+import certifi
+import pycurl
+
+from herald import __version__
+from herald.delivery.outcome import TransportFailure
+from herald.delivery.transport import (
+    MAX_ANSWER_BODY_BYTES,
+    HttpAnswer,
+    HttpRequest,
+    Transport,
+    connection_failure,
+    timeout_failure,
+)
+
+_MAX_WAIT_S = 0.05
+"""Longest single wait in `poll`, seconds (see the module docstring: descriptors above FD_SETSIZE)."""
+
+_IDLE_CHECK_S = 0.05
+"""Seconds between two looks at the attempts that have an idle limit (`socket_timeout_s`)."""
+
+_HEADER_LINES = ("Expect:", "Content-Type:")
+"""libcurl's own headers switched off: `Expect: 100-continue` on large bodies, and the form Content-Type it
+adds when the attempt's header lines carry none (a Content-Type among them is still sent)."""
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+Endpoint = tuple[str, str, int]
+"""(scheme, host, port)"""
+
+
+class _Handle(pycurl.Curl):
+    """An easy handle and what its current attempt needs back.
+
+    url, timeout_ms: what is set on the handle, so that only what changes is set again.
+    head: the answer's head, as received. token, request: the attempt under way (None when idle).
+    started, moved, moved_at: for an attempt with an idle limit, when it started (monotonic seconds), the bytes
+        it had moved at the last look, and since when (monotonic seconds).
+    """
+
+    __slots__ = ("endpoint", "url", "timeout_ms", "head", "token", "request", "started", "moved", "moved_at")
+
+
+class CurlTransport(Transport):
+    """Attempts over one pycurl `CurlMulti`, at most `max_open` at once, without threads."""
+
+    def __init__(self, max_open: int = 256) -> None:
+        if max_open < 1:
+            raise ValueError(f"max_open must be at least 1, not {max_open}")
+        self.max_open = max_open
+        self._multi = pycurl.CurlMulti()
+        self._multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, max_open)
+        self._multi.setopt(pycurl.M_MAXCONNECTS, max_open)
+        self._handles: list[_Handle] = []
+        self._idle: dict[Endpoint, list[_Handle]] = {}
+        self._endpoints: dict[str, Endpoint] = {}  # url -> endpoint
+        self._watched: dict[_Handle, None] = {}  # open attempts with an idle limit
+        self._next_idle_check = 0.0
+        self._open = 0
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def start(self, request: HttpRequest, token: Hashable) -> None:
+        url = request.url
+        endpoint = self._endpoints.get(url) or self._endpoint(url)
+        handle = self._take(endpoint)
+        if handle.url != url:
+            handle.setopt(pycurl.URL, url)
+            handle.url = url
+        timeout_ms = max(1, round(request.request_timeout_s * 1000))
+        if handle.timeout_ms != timeout_ms:
+            handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+            handle.timeout_ms = timeout_ms
+        handle.setopt(pycurl.HTTPHEADER, _HEADER_LINES + request.header_lines)
+        handle.setopt(pycurl.POSTFIELDS, request.body)
+        handle.head.seek(0)
+        handle.head.truncate()
+        handle.token = token
+        handle.request = request
+        if 0 < request.socket_timeout_s < request.request_timeout_s:
+            handle.started = handle.moved_at = time.monotonic()
+            handle.moved = 0
+            self._watched[handle] = None
+        self._multi.add_handle(handle)
+        self._open += 1
+
+    def poll(self, timeout_s: float) -> list[tuple[Hashable, HttpAnswer | TransportFailure]]:
+        finished: list[tuple[Hashable, HttpAnswer | TransportFailure]] = []
+        if not self._open:
+            return finished
+        multi = self._multi
+        deadline = None
+        while True:
+            multi.perform()
+            self._collect(finished)
+            if self._watched:
+                self._check_idle(finished)
+            if finished or timeout_s <= 0:
+                return finished
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + timeout_s
+            elif now >= deadline:
+                return finished
+            wait_s = min(deadline - now, _MAX_WAIT_S)
+            curl_ms = multi.timeout()
+            if curl_ms >= 0:
+                wait_s = min(wait_s, curl_ms / 1000)
+            if multi.select(wait_s) == 0 and not any(multi.fdset()):
+                time.sleep(wait_s)  # nothing select(2) can watch: it returned at once
+
+    def close(self) -> None:
+        for handle in self._handles:
+            if handle.token is not None:
+                self._multi.remove_handle(handle)  # aborts the transfer
+            handle.close()
+        self._handles.clear()
+        self._idle.clear()
+        self._watched.clear()
+        self._open = 0
+        self._multi.close()
+
+    # -- handles ----------------------------------------------------------------------------------------------
+    def _endpoint(self, url: str) -> Endpoint:
+        parts = urlsplit(url)
+        endpoint = (parts.scheme, parts.hostname or "", parts.port or _DEFAULT_PORTS.get(parts.scheme, 0))
+        self._endpoints[url] = endpoint
+        return endpoint
+
+    def _take(self, endpoint: Endpoint) -> _Handle:
+        """An idle handle of `endpoint`, else a new one while there are fewer than max_open, else any idle one."""
+        idle = self._idle.get(endpoint)
+        if idle:
+            return idle.pop()
+        if len(self._handles) < self.max_open:
+            handle = _new_handle()
+            self._handles.append(handle)
+        else:
+            handle = next((handles.pop() for handles in self._idle.values() if handles), None)
+            if handle is None:
+                raise RuntimeError(f"transport full: {self._open} attempts open, max_open {self.max_open}")
+        handle.endpoint = endpoint
+        return handle
+
+    def _collect(self, finished: list) -> None:
+        """Move what libcurl has finished into `finished` and put the handles back."""
+        multi = self._multi
+        while True:
+            queued, done, failed = multi.info_read()
+            for handle in done:
+                finished.append((handle.token, _answer(handle)))
+                self._release(handle)
+            for handle, code, message in failed:
+                finished.append((handle.token, _failure(handle, code, message)))
+                self._release(handle)
+            if not queued:
+                return
+
+    def _check_idle(self, finished: list) -> None:
+        """Abort the watched attempts that have moved no byte for their `socket_timeout_s`, once their request
+        began to go out; at most every `_IDLE_CHECK_S`."""
+        now = time.monotonic()
+        if now < self._next_idle_check:
+            return
+        self._next_idle_check = now + _IDLE_CHECK_S
+        for handle in list(self._watched):
+            moved = handle.getinfo(pycurl.REQUEST_SIZE) + handle.getinfo(pycurl.HEADER_SIZE) + handle.getinfo(
+                pycurl.SIZE_DOWNLOAD_T)
+            if moved != handle.moved or not moved:
+                handle.moved, handle.moved_at = moved, now
+            elif now - handle.moved_at >= handle.request.socket_timeout_s:
+                finished.append((handle.token, timeout_failure(handle.request, now - handle.started)))
+                self._release(handle)  # removing an unfinished transfer closes its connection
+
+    def _release(self, handle: _Handle) -> None:
+        self._multi.remove_handle(handle)
+        if self._watched:
+            self._watched.pop(handle, None)
+        handle.token = handle.request = None
+        self._open -= 1
+        idle = self._idle.get(handle.endpoint)
+        if idle is None:
+            self._idle[handle.endpoint] = [handle]
+        else:
+            idle.append(handle)
+
+
+def _new_handle() -> _Handle:
+    handle = _Handle()
+    handle.url = handle.timeout_ms = handle.token = handle.request = None
+    handle.head = io.BytesIO()
+    handle.setopt(pycurl.HEADERFUNCTION, handle.head.write)
+    handle.setopt(pycurl.WRITEFUNCTION, len)  # the body is dropped: "all bytes taken", without a Python frame
+    handle.setopt(pycurl.MAXFILESIZE, MAX_ANSWER_BODY_BYTES)
+    handle.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+    handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
+    handle.setopt(pycurl.FOLLOWLOCATION, 0)
+    handle.setopt(pycurl.PROXY, "")  # "" disables proxies, even those named by environment variables
+    handle.setopt(pycurl.NETRC, pycurl.NETRC_IGNORED)
+    handle.setopt(pycurl.NOSIGNAL, 1)
+    handle.setopt(pycurl.USERAGENT, f"Herald/{__version__}")
+    handle.setopt(pycurl.CAINFO, certifi.where())
+    return handle
+
+
+def _answer(handle: _Handle) -> HttpAnswer:
+    return HttpAnswer(handle.getinfo(pycurl.RESPONSE_CODE), _retry_after(handle.head.getvalue()))
+
+
+def _failure(handle: _Handle, code: int, message: str) -> HttpAnswer | TransportFailure:
+    if code == pycurl.E_FILESIZE_EXCEEDED:  # the answer is complete enough: its head is in
+        return _answer(handle)
+    if code == pycurl.E_OPERATION_TIMEDOUT:
+        return timeout_failure(handle.request, handle.getinfo(pycurl.TOTAL_TIME))
+    return connection_failure(message or f"curl error {code}")
+
+
+def _retry_after(head: bytes) -> str | None:
+    """The Retry-After value in a received head (the last one, should interim answers precede the final)."""
+    at = head.lower().rfind(b"\nretry-after:")
+    if at < 0:
+        return None
+    end = head.find(b"\n", at + 1)
+    return head[at + 13 : end].strip().decode("latin-1")

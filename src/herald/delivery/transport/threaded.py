@@ -1,0 +1,182 @@
+"""The requests transport: requests' HTTPAdapter on a bounded pool of threads, where pycurl cannot load.
+
+Each worker thread has its own keep-alive connection pool (one connection per endpoint it talks to); the
+pool has at most `min(max_open, MAX_THREADS)` threads, whatever the number of subscriptions. Attempts are
+queued to the threads and their results come back through a queue that `poll` reads.
+
+Requests go straight to an HTTPAdapter (no Session): no redirects, cookies, proxies or .netrc taken from the
+environment. Timeouts (DESIGN.md §4):
+
+- `request_timeout_s` is a total: the connect and the wait for the answer's head are bounded by it, and the
+  body is read only while it has not passed;
+- `socket_timeout_s` (0 = none) is an idle limit: no single read waits longer (to the millisecond).
+
+This is the only place that sees requests/urllib3 exceptions; they become `TransportFailure`s here.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+
+from herald import __version__
+from herald.delivery.outcome import TransportFailure
+from herald.delivery.transport import (
+    MAX_ANSWER_BODY_BYTES,
+    HttpAnswer,
+    HttpRequest,
+    Transport,
+    connection_failure,
+    timeout_failure,
+)
+
+MAX_THREADS = 32
+"""Most worker threads of one transport."""
+
+_READ_CHUNK_BYTES = 16 * 1024
+
+
+class ThreadedTransport(Transport):
+    """Attempts on at most `min(max_open, MAX_THREADS)` threads; at most `max_open` open at once."""
+
+    def __init__(self, max_open: int = 256) -> None:
+        if max_open < 1:
+            raise ValueError(f"max_open must be at least 1, not {max_open}")
+        self.max_open = max_open
+        self._pool = ThreadPoolExecutor(min(max_open, MAX_THREADS), thread_name_prefix="herald-http")
+        self._finished: queue.SimpleQueue = queue.SimpleQueue()
+        self._local = threading.local()
+        self._adapters: list[HTTPAdapter] = []
+        self._lock = threading.Lock()
+        self._open = 0
+        self._closed = False
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def start(self, request: HttpRequest, token: Hashable) -> None:
+        if self._closed:
+            raise RuntimeError("transport closed")
+        self._open += 1
+        self._pool.submit(self._run, request, token)
+
+    def poll(self, timeout_s: float) -> list[tuple[Hashable, HttpAnswer | TransportFailure]]:
+        finished: list[tuple[Hashable, HttpAnswer | TransportFailure]] = []
+        if not self._open:
+            return finished
+        try:
+            finished.append(self._finished.get(timeout=timeout_s) if timeout_s > 0 else self._finished.get_nowait())
+        except queue.Empty:
+            return finished
+        while True:
+            try:
+                finished.append(self._finished.get_nowait())
+            except queue.Empty:
+                break
+        self._open -= len(finished)
+        return finished
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            adapters, self._adapters = self._adapters, []
+        for adapter in adapters:
+            adapter.close()
+        self._open = 0
+
+    # -- in the worker threads --------------------------------------------------------------------------------
+    def _run(self, request: HttpRequest, token: Hashable) -> None:
+        try:
+            result = self._post(request)
+        except Exception as error:  # noqa: BLE001 - anything unexpected is still a failed attempt, not a lost one
+            result = connection_failure(_describe(error))
+        self._finished.put((token, result))
+
+    def _adapter(self) -> HTTPAdapter:
+        adapter = getattr(self._local, "adapter", None)
+        if adapter is None:
+            adapter = HTTPAdapter(pool_connections=8, pool_maxsize=1, max_retries=0)
+            self._local.adapter = adapter
+            with self._lock:
+                self._adapters.append(adapter)
+        return adapter
+
+    def _post(self, request: HttpRequest) -> HttpAnswer | TransportFailure:
+        started = time.monotonic()
+        deadline = started + request.request_timeout_s
+        prepared = requests.Request("POST", request.url, headers=_headers(request.header_lines)).prepare()
+        prepared.body = request.body
+        prepared.headers["Content-Length"] = str(len(request.body))
+        try:
+            response = self._adapter().send(
+                prepared,
+                stream=True,
+                timeout=(request.request_timeout_s, _read_timeout_s(request, request.request_timeout_s)),
+            )
+        except requests.exceptions.Timeout:
+            return timeout_failure(request, time.monotonic() - started)
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+            return connection_failure(_describe(error))
+        try:
+            failure = _drain(response, request, deadline, started)
+        finally:
+            response.close()
+        return failure or HttpAnswer(response.status_code, response.headers.get("Retry-After"))
+
+
+def _headers(header_lines: tuple[str, ...]) -> dict[str, str]:
+    headers = {"User-Agent": f"Herald/{__version__}"}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def _read_timeout_s(request: HttpRequest, remaining_s: float) -> float:
+    if request.socket_timeout_s > 0:
+        return max(0.001, min(request.socket_timeout_s, remaining_s))
+    return max(0.001, remaining_s)
+
+
+def _drain(response: requests.Response, request: HttpRequest, deadline: float, started: float) -> TransportFailure | None:
+    """Read the answer's body within the total timeout, so the connection can be reused."""
+    received = 0
+    try:
+        while received <= MAX_ANSWER_BODY_BYTES:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return timeout_failure(request, time.monotonic() - started)
+            connection = getattr(response.raw, "_connection", None) or getattr(response.raw, "connection", None)
+            sock = getattr(connection, "sock", None)
+            if sock is not None:
+                sock.settimeout(_read_timeout_s(request, remaining))
+            chunk = response.raw.read1(_READ_CHUNK_BYTES)  # returns after one receive: the deadline is checked often
+            if not chunk:
+                return None
+            received += len(chunk)
+        return None
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+        if isinstance(error, (urllib3.exceptions.ReadTimeoutError, TimeoutError)):
+            return timeout_failure(request, time.monotonic() - started)
+        return connection_failure(_describe(error))
+
+
+def _describe(error: BaseException) -> str:
+    """A short description of a transport error: its root cause's type and text (masked by the caller)."""
+    root: BaseException = error
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+    name = type(root).__name__
+    text = str(root).split("(Caused by")[0].strip()
+    return f"{name}: {text}" if text else name
