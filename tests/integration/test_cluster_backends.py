@@ -10,9 +10,11 @@ from herald.config import load_config
 from herald.engine.runner import Runner
 from herald.engine.session import jvm_class_loads
 from herald.source.stream import SPARK_KAFKA_CLASS, choose_connector
-from herald.storage.store import DELTA_SPARK_CLASS, SparkDeltaStore, open_store
-from herald.storage.tables import OFFSETS, offsets_rows
-from herald.storage import BatchTxn
+import datetime as dt
+
+from herald.engine.rounds import position_rows
+from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore, open_store
+from herald.storage.tables import OFFSETS
 from tests.support.herald_env import produce, write_conf
 from tests.support.subscriber import ScriptedSubscriber
 
@@ -47,7 +49,7 @@ def test_delta_spark_store_is_idempotent_per_batch(spark, tmp_path):
     if not jvm_class_loads(spark, DELTA_SPARK_CLASS):
         pytest.skip("delta-spark jars absent (they come only from Maven, unreachable here)")
     store = SparkDeltaStore(spark, str(tmp_path))
-    rows = offsets_rows({("t", 0): 5}, "a.b.s", 0)
-    store.append(OFFSETS, rows, BatchTxn("herald:a.b.s:q", 0))
-    store.append(OFFSETS, rows, BatchTxn("herald:a.b.s:q", 0))
+    rows = position_rows("a.b.s", "t", {0: 5}, "topic:t", 0, dt.datetime.now(dt.timezone.utc))
+    store.replace(OFFSETS, rows, Slice("topic:t", 0))
+    store.replace(OFFSETS, rows, Slice("topic:t", 0))
     assert store.read(OFFSETS, "a.b.s").num_rows == 1

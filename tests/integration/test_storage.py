@@ -1,37 +1,49 @@
-"""Delta tables through delta-rs: idempotent per (subscription, batch), concurrent writers, filtered reads."""
+"""Delta tables through delta-rs: a (writer, batch) slice is replaced whole, so a replay never doubles rows;
+concurrent writers; filtered reads."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 
-import pyarrow as pa
+from herald.engine.rounds import position_rows
+from herald.storage import DeltaRsStore
+from herald.storage.store import Slice
+from herald.storage.tables import OFFSETS
 
-from herald.storage import BatchTxn, DeltaRsStore
-from herald.storage.tables import OFFSETS, offsets_rows
-
-
-def rows(subscription: str, batch_id: int) -> pa.Table:
-    return offsets_rows({("t", 0): batch_id * 10, ("t", 1): batch_id * 10 + 1}, subscription, batch_id)
+NOW = dt.datetime(2026, 11, 24, tzinfo=dt.timezone.utc)
 
 
-def test_a_replayed_batch_is_written_once(tmp_path):
+def rows(subscription: str, writer: str, batch_id: int):
+    return position_rows(subscription, "t", {0: batch_id * 10, 1: batch_id * 10 + 1}, writer, batch_id, NOW)
+
+
+def test_a_replayed_batch_replaces_its_slice_instead_of_adding_rows(tmp_path):
     store = DeltaRsStore(str(tmp_path))
-    assert store.append(OFFSETS, rows("a.b.s", 0), BatchTxn("herald:a.b.s:q1", 0)) is True
-    assert store.append(OFFSETS, rows("a.b.s", 0), BatchTxn("herald:a.b.s:q1", 0)) is False
-    assert store.append(OFFSETS, rows("a.b.s", 1), BatchTxn("herald:a.b.s:q1", 1)) is True
+    store.replace(OFFSETS, rows("a.b.s", "topic:t", 0), Slice("topic:t", 0))
+    store.replace(OFFSETS, rows("a.b.s", "topic:t", 0), Slice("topic:t", 0))
+    store.replace(OFFSETS, rows("a.b.s", "topic:t", 1), Slice("topic:t", 1))
     assert store.read(OFFSETS, "a.b.s").num_rows == 4
-    # a new checkpoint (new query id) starts its batch ids again, and is not mistaken for a replay
-    assert store.append(OFFSETS, rows("a.b.s", 0), BatchTxn("herald:a.b.s:q2", 0)) is True
+    # another writer's batch 0 is its own slice
+    store.replace(OFFSETS, rows("a.b.s", "catchup:t", 0), Slice("catchup:t", 0))
+    assert store.read(OFFSETS, "a.b.s").num_rows == 6
 
 
-def test_concurrent_subscriptions_write_the_same_tables(tmp_path):
+def test_a_replay_with_fewer_rows_leaves_only_the_new_ones(tmp_path):
+    store = DeltaRsStore(str(tmp_path))
+    store.replace(OFFSETS, rows("a.b.s", "w", 3), Slice("w", 3))
+    store.replace(OFFSETS, rows("a.b.s", "w", 3).slice(0, 1), Slice("w", 3))
+    assert store.read(OFFSETS, "a.b.s").num_rows == 1
+
+
+def test_concurrent_writers_write_the_same_tables(tmp_path):
     store = DeltaRsStore(str(tmp_path))
     errors: list[BaseException] = []
 
     def writer(n: int) -> None:
         try:
             for batch in range(4):
-                store.append(OFFSETS, rows(f"a.b.s{n}", batch), BatchTxn(f"herald:a.b.s{n}:q", batch))
+                store.replace(OFFSETS, rows(f"a.b.s{n}", f"w{n}", batch), Slice(f"w{n}", batch))
         except BaseException as error:  # noqa: BLE001
             errors.append(error)
 

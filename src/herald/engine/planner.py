@@ -1,33 +1,38 @@
-"""Planning a micro-batch on the driver: how many tasks, and each task's share of inflight and rate.
+"""Planning a round on the driver: each subscription's lane, with its share of inflight and rate.
 
-NSQ's rule: the subscription's `inflightSize` and `rate` are split evenly over the tasks that deliver at
-once, rounding down, so their sum never exceeds the subscription's. When `inflightSize` is smaller than the
-number of Kafka partitions, fewer tasks run (each reads several partitions), and while the adaptive controller
-probes a failing subscriber (HEARTBEAT) a single task does.
+NSQ's rule: a subscription's `inflightSize` and `rate` are shared by everything that delivers it at once,
+so their sum never exceeds its settings. Two paths deliver a subscription at once: the path that reads its
+messages (the topic's shared query, or its catch-up) and the retry driver, for its parked messages. Parked
+messages stand outside the position, like RocketMQ's retry queue: they get at most half the subscription's
+in-flight slots (at least one when there are any), the reading path the rest, and the rate is split in the
+same proportion. The tasks of a round split their path's share again (`LanePlan.share`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from herald.config.model import Subscription
-from herald.delivery.flow import FlowMode, FlowSettings, FlowState
+from herald.config import Subscription
 from herald.config.model import ContentType
-from herald.delivery.headers import AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE, basic_authorization, static_headers
-from herald.delivery.plan import DeliveryPlan
+from herald.delivery.flow import FlowSettings
+from herald.delivery.headers import (
+    AVRO_CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
+    basic_authorization,
+    static_headers,
+)
+from herald.delivery.plan import LanePlan
+from herald.delivery.spec import DeliverySpec
+from herald.engine.state import SubscriptionState
 
 
-def task_count(partitions: int, inflight_size: int, parallelism: int, flow: FlowState) -> int:
-    """Tasks for a batch read from `partitions` input partitions on a cluster with `parallelism` cores."""
-    if partitions <= 1 or flow.mode is FlowMode.HEARTBEAT:
-        return 1
-    return max(1, min(partitions, inflight_size, parallelism))
+def spec_of(subscription: Subscription) -> DeliverySpec:
+    return subscription.delivery_spec
 
 
-def subscription_headers(subscription: Subscription) -> dict[str, str]:
+def header_lines(subscription: Subscription) -> tuple[str, ...]:
+    """The header lines every attempt of the subscription carries (Authorization included: never log them)."""
     target = subscription.target
     authorization = basic_authorization(target.user, target.password or "") if target.user is not None else None
-    return static_headers(
+    headers = static_headers(
         AVRO_CONTENT_TYPE if subscription.contentType is ContentType.AVRO else JSON_CONTENT_TYPE,
         subscription.topicName,
         subscription.name,
@@ -35,26 +40,42 @@ def subscription_headers(subscription: Subscription) -> dict[str, str]:
         tuple((header.name, header.value) for header in subscription.headers),
         authorization,
     )
+    return tuple(f"{name}: {value}" for name, value in headers.items())
 
 
-def plan_task(subscription: Subscription, tasks: int, flow_settings: FlowSettings, flow: FlowState) -> DeliveryPlan:
-    """The plan each of `tasks` tasks gets: its share of inflight, rate and the controller's state."""
-    policy = subscription.subscriptionPolicy
-    return DeliveryPlan(
+def split_inflight(inflight: int, parked: int) -> tuple[int, int]:
+    """(slots for the reading path, slots for the retry driver) of a subscription with `parked` messages.
+
+    With inflightSize 1 (which never parks, unless it was larger when the messages were parked) each path
+    keeps one slot, so neither waits for the other."""
+    if parked <= 0:
+        return inflight, 0
+    for_retries = min(parked, max(1, inflight // 2))
+    return max(1, inflight - for_retries), for_retries
+
+
+def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int, retries: bool = False) -> LanePlan:
+    """The lane of one subscription in a round: the reading path's share, or the retry driver's (`retries`)."""
+    subscription = state.subscription
+    spec = spec_of(subscription)
+    reading, for_retries = split_inflight(spec.inflight, parked)
+    slots = for_retries if retries else reading
+    rate_per_s = spec.rate_per_s * slots / (reading + for_retries)
+    return LanePlan(
         subscription_id=subscription.id,
         url=subscription.target.url,
-        headers=subscription_headers(subscription),
-        retry=subscription.retry_policy(),
-        inflight=max(1, policy.inflightSize // tasks),
-        rate_per_s=policy.rate / tasks,
-        request_timeout_s=policy.requestTimeout / 1000,
-        socket_timeout_s=policy.socketTimeout / 1000,
-        sending_delay_s=policy.sendingDelay / 1000,
-        flow_settings=replace(
-            flow_settings,
-            slow_rate_per_s=flow_settings.slow_rate_per_s / tasks,
-            heartbeat_interval_s=flow_settings.heartbeat_interval_s * tasks,
-        ),
-        flow_state=flow.share(tasks),
-        schema_headers=subscription.contentType is ContentType.AVRO,
+        header_lines=header_lines(subscription),
+        retry=spec.retry,
+        inflight=slots,
+        rate_per_s=max(rate_per_s, 1e-3),
+        request_timeout_s=spec.request_timeout_s,
+        socket_timeout_s=spec.socket_timeout_s,
+        sending_delay_s=spec.sending_delay_s,
+        flow_settings=flow_settings,
+        flow_state=state.flow,
+        avro=subscription.contentType is ContentType.AVRO,
+        ordered=spec.ordered,
+        starts={} if retries else dict(state.positions),
+        resume={} if retries else state.live_carried(),
+        positional=not retries,
     )

@@ -1,9 +1,11 @@
-"""Delta tables under the storage path: undelivered, offsets and metrics (DESIGN.md §7).
+"""Delta tables under the storage path: undelivered, offsets, metrics and retries (DESIGN.md §7).
 
 `open_store` picks the back-end (delta-spark when its jars load, delta-rs otherwise); both write the same
-layout, and the CLI reads it with delta-rs without starting Spark.
+layout, and the CLI reads it with delta-rs without starting Spark. `TableWriter` writes rounds' slices in
+order on a thread of its own, so delivery never waits for a commit.
 """
 
-from herald.storage.store import BatchTxn, DeltaRsStore, TableStore, open_store, table_root
+from herald.storage.store import DeltaRsStore, Slice, TableStore, open_store, table_root
+from herald.storage.writer import TableWriter
 
-__all__ = ["BatchTxn", "DeltaRsStore", "TableStore", "open_store", "table_root"]
+__all__ = ["DeltaRsStore", "Slice", "TableStore", "TableWriter", "open_store", "table_root"]

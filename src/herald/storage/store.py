@@ -1,7 +1,9 @@
-"""Writing and reading Herald's Delta tables, exactly once per (subscription, micro-batch).
+"""Writing and reading Herald's Delta tables, one slice per (writer, round), replaced whole on a replay.
 
-Every write carries an application transaction (`BatchTxn`): Delta records the highest version written for
-an app id, so a micro-batch replayed after a crash does not write its rows twice.
+A round (a micro-batch of a topic's shared query, a catch-up read, a batch of parked retries) writes its rows
+of each table as one `Slice`: one atomic commit that replaces whatever that slice held before. A micro-batch
+replayed after a crash therefore leaves the tables as if it had run once, whatever it wrote the first time.
+Both back-ends do the same: delta-rs with `predicate` overwrite, delta-spark with `replaceWhere`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,19 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class BatchTxn:
-    """A Delta application transaction: `version` must grow for `app_id`; writes at or below it are skipped."""
+class Slice:
+    """The rows `writer` wrote in its round `batch_id`: every table row carries both."""
 
-    app_id: str
-    version: int
+    writer: str
+    batch_id: int
+
+    @property
+    def predicate(self) -> str:
+        return f"writer = '{_sql_text(self.writer)}' AND batch_id = {int(self.batch_id)}"
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("'", "''")
 
 
 def table_root(storage_path: str) -> str:
@@ -41,25 +51,41 @@ class TableStore(ABC):
         return f"{self.root}/{table}"
 
     @abstractmethod
-    def append(self, table: str, rows: pa.Table, txn: BatchTxn) -> bool:
-        """Append `rows` unless `txn` was already written to `table`; True when written."""
+    def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
+        """Make `table`'s rows of `part` exactly `rows` (which must all carry its writer and batch_id)."""
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         """Rows of `table` (all, or one subscription's), read with delta-rs; empty if the table does not exist."""
         return DeltaRsStore.read_table(self.path(table), table, subscription_id, self.storage_options())
 
+    def latest(self, table: str, keys: tuple[str, ...], newest_first: str) -> pa.Table:
+        """The newest row (by the SQL ordering `newest_first`) of each distinct `keys` of `table`."""
+        keys_sql = ", ".join(keys)
+        return self.sql(table, f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {keys_sql} "
+                               f"ORDER BY {newest_first}) AS herald_rank FROM {table}) WHERE herald_rank = 1")
+
+    def sql(self, table: str, query: str) -> pa.Table:
+        """Run a SQL query over `table` (named as itself), with delta-rs; no rows if the table does not exist."""
+        return DeltaRsStore.query_table(self.path(table), table, query, self.storage_options())
+
     def storage_options(self) -> dict[str, str] | None:
         return None
+
+
+def _conform(table: str, rows: pa.Table) -> pa.Table:
+    schema = SCHEMAS[table]
+    return rows if rows.schema == schema else rows.select(schema.names).cast(schema)
 
 
 class DeltaRsStore(TableStore):
     """delta-rs (`deltalake`): writes Arrow from the driver, no Spark needed.
 
-    Tables are created once (under a process lock) with their full schema, so concurrent writers only ever
-    append; a commit that loses a race with another process is retried.
+    Tables are created (or given the columns a newer Herald added) once per process under a lock; a commit that
+    loses a race with another process is retried.
     """
 
-    _create_lock = threading.Lock()
+    _lock = threading.Lock()
+    _ready: set[str] = set()
 
     def __init__(self, storage_path: str, storage_options: dict[str, str] | None = None) -> None:
         super().__init__(storage_path)
@@ -69,56 +95,59 @@ class DeltaRsStore(TableStore):
         return self._options
 
     def _ensure(self, table: str) -> None:
-        from deltalake import DeltaTable
+        from deltalake import DeltaTable, Field
 
         path = self.path(table)
-        with self._create_lock:
+        with self._lock:
+            if path in self._ready:
+                return
             if not DeltaTable.is_deltatable(path, storage_options=self._options):
                 DeltaTable.create(path, SCHEMAS[table], mode="ignore", storage_options=self._options)
+            current = DeltaTable(path, storage_options=self._options)
+            known = {field.name for field in current.schema().fields}
+            missing = [field for field in SCHEMAS[table] if field.name not in known]
+            if missing:
+                log.info("%s: adding columns %s", table, ", ".join(field.name for field in missing))
+                current.alter.add_columns([Field.from_arrow(field) for field in missing])
+            self._ready.add(path)
 
-    def append(self, table: str, rows: pa.Table, txn: BatchTxn) -> bool:
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
+        from deltalake import DeltaTable, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
         self._ensure(table)
-        rows = rows.cast(SCHEMAS[table]) if rows.schema != SCHEMAS[table] else rows
+        rows = _conform(table, rows)
 
         @retry(retry=retry_if_exception_type(CommitFailedError), stop=stop_after_attempt(8),
                wait=wait_random_exponential(multiplier=0.05, max=2), reraise=True)
-        def commit() -> bool:
-            current = DeltaTable(self.path(table), storage_options=self._options)
-            done = current.transaction_version(txn.app_id)
-            if done is not None and done >= txn.version:
-                log.info("%s: batch %s of %s already written, skipped", table, txn.version, txn.app_id)
-                return False
-            known = {field.name for field in current.schema().fields}
-            write_deltalake(
-                current,
-                rows,
-                mode="append",
-                schema_mode="merge" if not set(rows.schema.names) <= known else None,
-                storage_options=self._options,
-                commit_properties=CommitProperties(app_transactions=[Transaction(txn.app_id, txn.version)]),
-            )
-            return True
+        def commit() -> None:
+            write_deltalake(DeltaTable(self.path(table), storage_options=self._options), rows, mode="overwrite",
+                            predicate=part.predicate, storage_options=self._options)
 
-        return commit()
+        commit()
 
     @staticmethod
     def read_table(path: str, table: str, subscription_id: str | None, options: dict[str, str] | None) -> pa.Table:
-        """Read with delta-rs' own query engine. (Its PyArrow-dataset bridge, `to_pyarrow_dataset`, aborts the
-        process at exit about one run in three: delta-io/delta-rs#2184.)"""
-        from deltalake import DeltaTable, QueryBuilder
-
-        if not DeltaTable.is_deltatable(path, storage_options=options):
-            return SCHEMAS[table].empty_table()
+        """All rows, or one subscription's, with every declared column (null where an older table lacks it)."""
         query = f"SELECT * FROM {table}"
         if subscription_id:
-            query += " WHERE subscription = '" + subscription_id.replace("'", "''") + "'"
+            query += f" WHERE subscription = '{_sql_text(subscription_id)}'"
+        return DeltaRsStore.query_table(path, table, query, options)
+
+    @staticmethod
+    def query_table(path: str, table: str, query: str, options: dict[str, str] | None) -> pa.Table:
+        """Run `query` with delta-rs' own query engine (its PyArrow-dataset bridge, `to_pyarrow_dataset`, aborts
+        the process at exit about one run in three: delta-io/delta-rs#2184)."""
+        from deltalake import DeltaTable, QueryBuilder
+
+        declared = SCHEMAS[table]
+        if not DeltaTable.is_deltatable(path, storage_options=options):
+            return declared.empty_table()
         result = pa.table(QueryBuilder().register(table, DeltaTable(path, storage_options=options)).execute(query)
                           .read_all())
-        declared = SCHEMAS[table]
-        return result.cast(pa.schema([declared.field(f.name) if f.name in declared.names else f for f in result.schema]))
+        columns = [result.column(name).cast(declared.field(name).type) if name in result.schema.names
+                   else pa.nulls(result.num_rows, declared.field(name).type) for name in declared.names]
+        return pa.Table.from_arrays(columns, schema=declared)
 
 
 class SparkDeltaStore(TableStore):
@@ -128,12 +157,10 @@ class SparkDeltaStore(TableStore):
         super().__init__(storage_path)
         self.spark = spark
 
-    def append(self, table: str, rows: pa.Table, txn: BatchTxn) -> bool:
-        frame = self.spark.createDataFrame(rows.cast(SCHEMAS[table]))
-        (frame.write.format("delta").mode("append")
-         .option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("mergeSchema", "true")
-         .save(self.path(table)))
-        return True
+    def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
+        frame = self.spark.createDataFrame(_conform(table, rows))
+        (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
+         .option("mergeSchema", "true").save(self.path(table)))
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         from pyspark.sql import functions as F
@@ -142,6 +169,15 @@ class SparkDeltaStore(TableStore):
         if subscription_id:
             frame = frame.where(F.col("subscription") == subscription_id)
         return frame.toArrow()
+
+    def sql(self, table: str, query: str) -> pa.Table:
+        from pyspark.errors import AnalysisException
+
+        try:
+            self.spark.read.format("delta").load(self.path(table)).createOrReplaceTempView(table)
+        except AnalysisException:  # no table yet
+            return SCHEMAS[table].empty_table()
+        return self.spark.sql(query).drop("herald_rank").toArrow()
 
 
 DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"

@@ -1,0 +1,170 @@
+"""Catch-up: a subscription behind its topic's shared query reads its own range and delivers it alone.
+
+A subscription falls behind when it is new with `earliest`, re-activated after a suspension, moved by an
+operator, or stopped early at a batch deadline (slow, failing or rate-limited). A `CatchUp` thread per topic
+then runs rounds for it: a bounded read (`streaming.maxOffsetsPerTrigger` records at most) of [its position,
+the query's position), through the same projection and senders as the shared query, in at most half the
+cluster's cores so the shared query keeps the rest. Subscriptions whose positions are within one read of each
+other share the read. Once a subscription reaches the query's position between two micro-batches it rejoins
+the query. An ordered subscription stopped at a message whose retry is not due yet waits for it without
+running empty rounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+from herald.engine.context import now_ms
+from herald.engine.fanout import Participant, outcomes, run_round
+from herald.engine.planner import lane_plan
+from herald.engine.positions import behind, catch_up_ranges, earliest
+from herald.engine.projection import project
+from herald.engine.rounds import CATCHUP, RoundResult
+from herald.engine.state import SubscriptionState
+from herald.source.kafka_offsets import partition_watermarks
+from herald.source.stream import read_kafka_range
+
+log = logging.getLogger(__name__)
+
+_IDLE_S = 0.5
+
+
+class CatchUp:
+    def __init__(self, pipeline) -> None:
+        self.pipeline = pipeline
+        self._rounds = itertools.count(1)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"herald-catchup-{pipeline.kafka_topic}", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.round()
+            except Exception as error:  # noqa: BLE001 - logged; the subscriptions stay behind and are retried
+                log.exception("%s: catch-up round failed", self.pipeline.kafka_topic)
+                self.error = error
+                worked = False
+                self._stop.wait(2.0)
+            if not worked:
+                self._wake.wait(_IDLE_S)
+                self._wake.clear()
+
+    # -- one round ----------------------------------------------------------------------------------------------
+    def _group(self) -> tuple[list[SubscriptionState], dict[int, tuple[int, int]]] | None:
+        """Choose the subscriptions of the next round and its ranges (lock held); None when there is none."""
+        pipeline = self.pipeline
+        frontier = pipeline.frontier
+        if frontier is None:
+            return None
+        now = now_ms()
+        ready = []
+        for state in pipeline.states.values():
+            if not state.catching_up or state.busy:
+                continue
+            if not behind(state.positions, frontier):
+                if not pipeline.batch_in_progress:
+                    state.catching_up = False  # it rejoins the shared query
+                    log.info("%s caught up with the shared query", state.id)
+                continue
+            if _waiting_for_retry(state, now) or state.flow.next_permit_ms > now + 50:
+                continue  # nothing can move before then (a retry's due time, or its rate's next permit)
+            ready.append(state)
+        if not ready:
+            return None
+        max_rows = pipeline.context.config.settings.streaming.maxOffsetsPerTrigger or 10_000
+        leader = min(ready, key=lambda state: state.last_served_s)
+        window = catch_up_ranges(leader.positions, frontier, max_rows)
+        group = [state for state in ready if state is leader or _within(state.positions, window)]
+        starts = earliest(*(_clamped(state.positions, frontier) for state in group))
+        ranges = catch_up_ranges(starts, frontier, max_rows)
+        for state in group:
+            state.busy = True
+        return group, ranges
+
+    def round(self) -> bool:
+        """Run one catch-up round; False when no subscription needs one now."""
+        pipeline = self.pipeline
+        context = pipeline.context
+        with pipeline.lock:
+            chosen = self._group()
+            if chosen is None:
+                return False
+            group, ranges = chosen
+            subscriptions = [state.subscription for state in group]
+            participants = [Participant(index, state, lane_plan(state, context.flow_settings,
+                                                               context.retries.parked_count(state.id)))
+                            for index, state in enumerate(group)]
+        results = []
+        started = time.monotonic()
+        try:
+            ranges = self._within_retention(ranges)
+            with context.catchup_slots:
+                settings = context.config.settings
+                raw = read_kafka_range(context.spark, context.connector, settings.kafka.bootstrapServers,
+                                       settings.kafka.properties, pipeline.kafka_topic,
+                                       {p: start for p, (start, _) in ranges.items()},
+                                       {p: end for p, (_, end) in ranges.items()})
+                rows = project(raw, context.config, pipeline.topic, subscriptions)
+                plan = pipeline.task_plan(participants, ranges, max_tasks=max(1, context.parallelism // 2),
+                                          shared=False)
+                reports = run_round(rows, plan, sum(1 for s, e in ranges.values() if s < e))
+                results = outcomes(participants, ranges, reports)
+        finally:
+            with pipeline.lock:
+                pipeline.apply(participants, results)
+                for state in group:
+                    state.last_served_s = time.monotonic()
+        batch_id = next(self._rounds)
+        pipeline.record(RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
+                                    pipeline.kafka_topic, context.cluster, results), possible_replay=False)
+        log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,
+                 ", ".join(state.id for state in group), sum(e - s for s, e in ranges.values()),
+                 time.monotonic() - started)
+        return True
+
+    def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        """Ranges that start below what Kafka still holds begin at its earliest offset (the rest is gone)."""
+        pipeline = self.pipeline
+        marks = partition_watermarks(pipeline.context.client_config, [pipeline.kafka_topic])[pipeline.kafka_topic]
+        clamped = {}
+        for partition, (start, end) in ranges.items():
+            low = marks.get(partition, (start, end))[0]
+            if start < low:
+                log.warning("%s/%d: offsets %d..%d were deleted before they were delivered (retention)",
+                            pipeline.kafka_topic, partition, start, min(low, end) - 1)
+            clamped[partition] = (min(max(start, low), end), end)
+        return clamped
+
+
+def _within(positions: dict[int, int], window: dict[int, tuple[int, int]]) -> bool:
+    """True when a subscription's positions fall inside another's next read (they can share it)."""
+    return all(start <= positions.get(p, end) <= end for p, (start, end) in window.items())
+
+
+def _clamped(positions: dict[int, int], frontier: dict[int, int]) -> dict[int, int]:
+    return {p: min(positions.get(p, end), end) for p, end in frontier.items()}
+
+
+def _waiting_for_retry(state: SubscriptionState, now: int) -> bool:
+    """Its position stops at a carried message whose next attempt is not due yet (nothing else can move)."""
+    carried = state.live_carried()
+    if not carried:
+        return False
+    blocking = [s for (p, o), s in carried.items() if state.positions.get(p) == o]
+    return bool(blocking) and all(s.due_ms > now for s in blocking) and state.subscription.delivery_spec.ordered

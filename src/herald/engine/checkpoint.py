@@ -1,0 +1,73 @@
+"""The offsets a micro-batch of a topic's shared query covers, read from the query's checkpoint.
+
+Spark writes each micro-batch's end offsets to `<checkpoint>/offsets/<batch id>` before it runs the batch
+(a write-ahead log: a version line, a metadata line, then one line of offsets per source, in the kafka
+source's JSON: {"topic": {"partition": next offset}}); the batch starts where the previous one ended.
+`foreachBatch` is not told either, so the handler reads them here. Both Kafka connectors write the same shape.
+
+The first batch of a new checkpoint starts where the query was told to start (`startingOffsets`). When that is
+unknown (a batch 0 replayed after a restart), the start is taken as the end: an overestimate, which only
+sends subscriptions to catch up on the batch, where an underestimate could skip messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+
+def _read_text(spark, path: str) -> str | None:
+    if "://" not in path and not path.startswith("dbfs:"):
+        try:
+            with open(path, encoding="utf-8") as file:
+                return file.read()
+        except FileNotFoundError:
+            return None
+    jvm = spark._jvm  # a cluster file system (dbfs:, s3a:, abfss:): read through Hadoop
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(hadoop_path):
+        return None
+    stream = fs.open(hadoop_path)
+    try:
+        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+
+
+def logged_offsets(spark, checkpoint: str, batch_id: int, kafka_topic: str) -> dict[int, int] | None:
+    """The end offsets of `batch_id` in the checkpoint's offset log; None when not logged."""
+    text = _read_text(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    if text is None:
+        return None
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines[2:]:
+        offsets = json.loads(line)
+        if isinstance(offsets, dict) and kafka_topic in offsets:
+            return {int(p): int(o) for p, o in offsets[kafka_topic].items()}
+    return None
+
+
+def last_committed(spark, checkpoint: str) -> int | None:
+    """The id of the last micro-batch the checkpoint marks as committed (local checkpoints only), or None."""
+    commits = f"{checkpoint.rstrip('/')}/commits"
+    if "://" in commits or commits.startswith("dbfs:") or not os.path.isdir(commits):
+        return None
+    ids = [int(name) for name in os.listdir(commits) if name.isdigit()]
+    return max(ids) if ids else None
+
+
+def batch_ranges(spark, checkpoint: str, batch_id: int, kafka_topic: str,
+                 first_start: Mapping[int, int] | None) -> dict[int, tuple[int, int]]:
+    """partition -> (start, end) of micro-batch `batch_id`.
+
+    first_start: where a checkpoint this run created told the query to start (for batch 0); None otherwise.
+    """
+    end = logged_offsets(spark, checkpoint, batch_id, kafka_topic)
+    if end is None:
+        raise RuntimeError(f"micro-batch {batch_id} of {kafka_topic} is not in {checkpoint}/offsets")
+    start = logged_offsets(spark, checkpoint, batch_id - 1, kafka_topic) if batch_id > 0 else None
+    if start is None:
+        start = dict(first_start) if first_start is not None and batch_id == 0 else dict(end)
+    return {p: (min(start.get(p, e), e), e) for p, e in end.items()}

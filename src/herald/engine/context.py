@@ -1,0 +1,49 @@
+"""What every part of a running Herald shares: the session, the configuration, the writer, the retry driver."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from herald.config import HeraldConfig
+from herald.delivery.flow import FlowSettings
+from herald.storage import TableStore, TableWriter
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class EngineContext:
+    """spark: the session; config: the configuration in force (the watcher replaces it); connector: 'spark' or
+    'python' (the Kafka source); store / writer: the tables; retries: the retry driver; once: `--once`."""
+
+    spark: object
+    config: HeraldConfig
+    connector: str
+    store: TableStore
+    writer: TableWriter
+    retries: object = None  # herald.engine.retries.RetryDriver (set once it exists)
+    once: bool = False
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    catchup_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
+
+    @property
+    def parallelism(self) -> int:
+        return max(1, int(self.spark.sparkContext.defaultParallelism))
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        kafka = self.config.settings.kafka
+        return {"bootstrap.servers": kafka.bootstrapServers, **kafka.properties}
+
+    @property
+    def flow_settings(self) -> FlowSettings:
+        return self.config.settings.rateControl.flow_settings()
+
+    @property
+    def cluster(self) -> str:
+        return self.config.settings.kafka.cluster

@@ -1,0 +1,59 @@
+"""One delivery job: a round's rows fanned out to their subscriptions' senders, collected once.
+
+`run_round` coalesces the rows into at most `max_tasks` tasks, runs the senders with `mapInArrow` (the only
+action on the rows, so the senders run exactly once per task) and reads the tasks' reports back. `outcomes`
+turns the reports into what the round did for each subscription, positions included (see `positions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from herald.delivery.flow import FlowState
+from herald.delivery.plan import LanePlan, TaskPlan
+from herald.delivery.report import REPORT_DDL, LaneCounters, TaskReport
+from herald.delivery.task import delivery_task
+from herald.engine.positions import advance
+from herald.engine.rounds import SubscriptionOutcome
+from herald.engine.state import SubscriptionState
+
+
+@dataclass(frozen=True)
+class Participant:
+    """A subscription in a round: `index` is its value in the rows' `targets`."""
+
+    index: int
+    state: SubscriptionState
+    plan: LanePlan
+
+
+def run_round(rows, plan: TaskPlan, input_partitions: int) -> list[TaskReport]:
+    """Deliver `rows` in `plan.tasks` tasks (the rows' `input_partitions` coalesced when there are more)."""
+    frame = rows.coalesce(plan.tasks) if plan.tasks < input_partitions else rows
+    table = frame.mapInArrow(delivery_task(plan), REPORT_DDL).toArrow()
+    return TaskReport.from_table(table)
+
+
+def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int, int]],
+             reports: Sequence[TaskReport]) -> list[SubscriptionOutcome]:
+    """What the round did for each participant; `ranges` is what it covered, per partition."""
+    results = []
+    for participant in participants:
+        outcome = SubscriptionOutcome(participant.state.subscription, counters=LaneCounters())
+        flow_states = []
+        for report in reports:
+            lane = report.lanes.get(participant.index)
+            if lane is None:
+                continue
+            outcome.counters.add(lane.counters)
+            flow_states.append(lane.flow_state)
+            outcome.discarded.extend(lane.discarded)
+            outcome.parked.extend(lane.parked)
+            outcome.carried.extend(lane.carried)
+        outcome.flow_state = FlowState.combine(flow_states, participant.state.flow)
+        if participant.plan.positional:
+            moved = advance(participant.state.positions, ranges, reports, participant.index)
+            outcome.positions = {p: moved[p] for p in ranges if p in moved}
+        results.append(outcome)
+    return results

@@ -1,0 +1,49 @@
+"""A topic's rows as the delivery tasks read them: decoded once, filtered once for every subscription.
+
+One projection per round, whatever the number of subscriptions: an AVRO topic's records are decoded once
+(fastavro over Arrow batches, into JSON text), the JSON is parsed once for the union of every subscription's
+filter paths, and every subscription's filter is a condition in the same projection, giving `targets`: the
+indices (into the given subscription list) of the subscriptions each row goes to. Only rows that go somewhere
+carry their message to Python; the others carry only their partition and offset (positions move over them).
+
+Columns: partition, offset, timestamp, headers, targets, value (what JSON subscriptions receive), and for AVRO
+topics avro (what AVRO subscriptions receive), error, raw, schema_id, schema_version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.types import StructField, StructType
+
+from herald.avro.decode import DECODED_FIELDS, decode_batches
+from herald.config import HeraldConfig, Subscription, filter_rules
+from herald.config.model import ContentType, Topic
+from herald.filters.targets import with_targets
+
+
+def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Subscription]):
+    """`raw`: Kafka rows (either connector's columns); the result has the columns in the module docs."""
+    rule_sets = [filter_rules(subscription) for subscription in subscriptions]
+    if topic.contentType is not ContentType.AVRO:
+        rows = with_targets(raw, rule_sets, "value", "headers")
+        goes = F.size("targets") > 0
+        return rows.select("partition", "offset", "timestamp", "headers", "targets",
+                           F.when(goes, F.col("value")).alias("value"))
+    source = config.avro_source(topic)
+    schema = StructType(raw.schema.fields + [StructField(f.name, from_arrow_type(f.type)) for f in DECODED_FIELDS])
+    decoded = raw.mapInArrow(decode_batches(source), schema)
+    rows = with_targets(decoded, rule_sets, "json", "headers")
+    goes = F.size("targets") > 0
+    wants_avro = any(subscription.contentType is ContentType.AVRO for subscription in subscriptions)
+    avro = F.when(goes, F.expr(source.payload_sql)) if wants_avro else F.lit(None).cast("binary")
+    return rows.select(
+        "partition", "offset", "timestamp", "headers", "targets",
+        F.when(goes, F.col("json").cast("binary")).alias("value"),
+        avro.alias("avro"),
+        F.col("decode_error").alias("error"),
+        F.when(F.col("decode_error").isNotNull(), F.col("value")).alias("raw"),
+        "schema_id", "schema_version",
+    )

@@ -1,0 +1,236 @@
+"""The retry driver: parked messages re-driven when due, on the driver, whether or not new messages arrive.
+
+A message still being retried when its round ends (a subscription whose order is not promised) is parked:
+its record and retry state go to the `retries` table and here. The driver wakes at the earliest due time and
+runs a round over every ACTIVE subscription's due messages with the same sender as the tasks
+(`TaskSender`, one lane per subscription, on the subscription's retry share of inflight and rate): each
+message continues where it stopped (Hermes-Retry-Count keeps counting, Hermes-Message-Id is unchanged, the
+TTL keeps running). What ends is recorded (DELIVERED, or DISCARDED with an undelivered row); what is still
+retrying at the round's end is parked again with its new state. Like RocketMQ's retry queue, parked messages
+stand outside the subscription's position.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, replace
+
+from herald.config import Subscription
+from herald.delivery.flow import FlowMode, FlowState
+from herald.delivery.input import InputBatch
+from herald.delivery.message import Record, RetryState
+from herald.delivery.plan import TaskPlan
+from herald.delivery.report import Parked
+from herald.delivery.sender import TaskSender
+from herald.engine.context import EngineContext, now_ms
+from herald.engine.planner import lane_plan
+from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.state import SubscriptionState
+from herald.storage import Slice
+from herald.storage.tables import DELIVERED, DISCARDED, PARKED, RETRIES, epoch_ms
+
+log = logging.getLogger(__name__)
+
+_EARLY_MS = 50  # messages due this soon join a round that starts now
+
+
+@dataclass
+class ParkedMessage:
+    record: Record
+    state: RetryState
+    kafka_topic: str
+
+
+class RetryDriver:
+    def __init__(self, context: EngineContext) -> None:
+        self.context = context
+        self._lock = threading.Lock()
+        self._parked: dict[str, dict[tuple[int, int], ParkedMessage]] = {}
+        self._active: dict[str, Subscription] = {}
+        self._rounds = itertools.count(1)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._in_round = False
+        self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
+        self.live_state = lambda subscription_id: None
+        """subscription id -> (its topic's lock, its running SubscriptionState), or None: set by the runner, so
+        that a round starts from the subscription's flow state (one controller per subscription, as in Hermes:
+        a subscriber slowed to heartbeat probes gets probes here too) and hands a change of mode back."""
+
+    # -- the registry -----------------------------------------------------------------------------------------
+    def load(self, topics: dict[str, str]) -> None:
+        """Read the messages parked by earlier runs (subscription id -> Kafka topic, for those that exist)."""
+        rows = self.context.store.latest(RETRIES, ("subscription", "partition", "offset"),
+                                         "recorded_at DESC, batch_id DESC")
+        loaded = 0
+        with self._lock:
+            for row in rows.to_pylist():
+                if row["state"] != PARKED or row["subscription"] not in topics:
+                    continue
+                record = Record(partition=row["partition"], offset=row["offset"],
+                                timestamp_ms=epoch_ms(row["published_at"]) or 0, message_id=row["message_id"],
+                                body=row["body"], avro=row["avro"], schema_id=row["schema_id"],
+                                schema_version=row["schema_version"])
+                state = RetryState(attempts=row["attempts"] or 0, first_read_ms=epoch_ms(row["first_read_at"]) or 0,
+                                   due_ms=epoch_ms(row["due_at"]) or 0,
+                                   backoff_s=row["backoff_ms"] / 1000 if row["backoff_ms"] is not None else None,
+                                   last_status=row["http_status"], last_reason=row["reason"] or "")
+                self._parked.setdefault(row["subscription"], {})[(record.partition, record.offset)] = \
+                    ParkedMessage(record, state, topics[row["subscription"]])
+                loaded += 1
+        if loaded:
+            log.info("%d parked message(s) to retry", loaded)
+
+    def set_active(self, subscriptions: list[Subscription]) -> None:
+        """The subscriptions whose parked messages are re-driven (suspended ones wait)."""
+        with self._lock:
+            self._active = {subscription.id: subscription for subscription in subscriptions}
+        self._wake.set()
+
+    def park(self, subscription: Subscription, kafka_topic: str, parked: list[Parked]) -> None:
+        with self._lock:
+            messages = self._parked.setdefault(subscription.id, {})
+            for item in parked:
+                messages[(item.record.partition, item.record.offset)] = ParkedMessage(item.record, item.state,
+                                                                                     kafka_topic)
+        self._wake.set()
+
+    def parked_count(self, subscription_id: str) -> int:
+        with self._lock:
+            return len(self._parked.get(subscription_id, ()))
+
+    def tried_since(self, since_ms: int) -> bool:
+        """True when no round is running and no message of an ACTIVE subscription is still due from before
+        `since_ms` (epoch ms) and allowed by its rate: what was due when a `--once` run started has been tried
+        again."""
+        with self._lock:
+            if self._in_round:
+                return False
+            return all(m.state.due_ms > since_ms or self._next_permit.get(sid, 0) > since_ms
+                       for sid, messages in self._parked.items() if sid in self._active for m in messages.values())
+
+    def summary(self) -> tuple[int, int | None]:
+        """(parked messages, the earliest next attempt in epoch ms, or None)."""
+        with self._lock:
+            states = [m.state for messages in self._parked.values() for m in messages.values()]
+        return len(states), min((s.due_ms for s in states), default=None)
+
+    # -- the thread -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="herald-retries", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the round in progress parks what it has not finished."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            due = self._due()
+            if not due:
+                self._wake.wait(self._sleep_s())
+                self._wake.clear()
+                continue
+            with self._lock:
+                self._in_round = True
+            try:
+                self.run_round(due)
+            except Exception:  # noqa: BLE001 - the driver must outlive one bad round; the messages stay parked
+                log.exception("retry round failed; its messages stay parked and are tried again in 5 s")
+                self._postpone(due, 5000)
+            finally:
+                with self._lock:
+                    self._in_round = False
+
+    def _sleep_s(self) -> float:
+        with self._lock:
+            dues = [max(m.state.due_ms, self._next_permit.get(sid, 0)) for sid, messages in self._parked.items()
+                    if sid in self._active for m in messages.values()]
+        if not dues:
+            return 1.0
+        return min(1.0, max(0.0, (min(dues) - now_ms()) / 1000))
+
+    def _due(self) -> dict[str, list[ParkedMessage]]:
+        horizon = now_ms() + _EARLY_MS
+        with self._lock:
+            return {sid: [m for m in messages.values() if m.state.due_ms <= horizon]
+                    for sid, messages in self._parked.items()
+                    if sid in self._active and self._next_permit.get(sid, 0) <= horizon
+                    and any(m.state.due_ms <= horizon for m in messages.values())}
+
+    def _postpone(self, due: dict[str, list[ParkedMessage]], delay_ms: int) -> None:
+        later = now_ms() + delay_ms
+        with self._lock:
+            for messages in due.values():
+                for message in messages:
+                    message.state = replace(message.state, due_ms=max(message.state.due_ms, later))
+
+    def _hand_back_flow(self, subscription_id: str, flow: FlowState) -> None:
+        """The round's controller changed mode (its probes succeeded, or its attempts failed): so does the
+        subscription's. Its rate stays the reading path's, which holds the larger share."""
+        live = self.live_state(subscription_id)
+        if live is None:
+            return
+        lock, state = live
+        with lock:
+            if state.flow.mode is not flow.mode:
+                state.flow = FlowState(flow.mode, flow.rate_per_s if flow.mode is not FlowMode.NORMAL else None,
+                                       state.flow.next_permit_ms)
+
+    def run_round(self, due: dict[str, list[ParkedMessage]]) -> RoundResult:
+        """Re-drive `due` (subscription id -> messages) once; record and return what happened."""
+        context = self.context
+        settings = context.config.settings
+        with self._lock:
+            subscriptions = [self._active[sid] for sid in due if sid in self._active]
+        lanes, rows = {}, []
+        for index, subscription in enumerate(subscriptions):
+            messages = due[subscription.id]
+            live = self.live_state(subscription.id)
+            flow = live[1].flow if live else FlowState()
+            flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
+            state = SubscriptionState(subscription, flow=flow)
+            plan = lane_plan(state, context.flow_settings, len(messages), retries=True)
+            lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
+            rows.extend((m.record, (index,)) for m in messages)
+        plan = TaskPlan(topic="", lanes=lanes,
+                        deadline_ms=now_ms() + int(settings.streaming.batch_deadline_s * 1000),
+                        park_after_s=settings.streaming.park_after_s, transport=settings.delivery.transport,
+                        max_open=settings.delivery.maxOpenRequests)
+        report = TaskSender(plan, stop=self._stop.is_set).run([InputBatch(rows)])
+        batch_id = next(self._rounds)
+        result = RoundResult(RETRY, f"retry:{context.run_id}", batch_id, "", context.cluster)
+        for index, subscription in enumerate(subscriptions):
+            lane = report.lanes[index]
+            self._hand_back_flow(subscription.id, lane.flow_state)
+            self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
+            outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
+                                          discarded=lane.discarded, parked=lane.parked)
+            ended = {(d.partition, d.offset) for d in lane.discarded}
+            still = {(p.record.partition, p.record.offset) for p in lane.parked}
+            with self._lock:
+                messages = self._parked.get(subscription.id, {})
+                for message in due[subscription.id]:
+                    key = (message.record.partition, message.record.offset)
+                    if key in still:
+                        continue
+                    outcome.resolved[key] = (message.record, DISCARDED if key in ended else DELIVERED)
+                    messages.pop(key, None)
+                for item in lane.parked:
+                    key = (item.record.partition, item.record.offset)
+                    if key in messages:
+                        messages[key] = ParkedMessage(item.record, item.state, messages[key].kafka_topic)
+            result.outcomes.append(outcome)
+        context.writer.submit(Slice(result.writer, batch_id),
+                              [(t, r) for t, r in table_rows(result, now_ms()) if r.num_rows])
+        delivered = sum(o.counters.delivered for o in result.outcomes)
+        log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again", batch_id,
+                 len(rows), delivered, sum(o.counters.discarded for o in result.outcomes),
+                 sum(len(o.parked) for o in result.outcomes))
+        return result

@@ -1,0 +1,165 @@
+"""What a round did, per subscription, and the table rows that record it.
+
+A round is one delivery job: a micro-batch of a topic's shared query (`stream`), a subscription group's
+bounded read while it catches up (`catchup`), or a batch of parked retries re-driven on the driver (`retry`).
+Its `RoundResult` is collected once on the driver (a Spark action never re-runs the senders) and written as
+one slice per table (`table_rows`), keyed by (writer, batch_id).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from herald.config import Subscription
+from herald.delivery.flow import FlowState
+from herald.delivery.message import Record, RetryState
+from herald.delivery.report import Carried, Discarded, LaneCounters, Parked
+from herald.storage.tables import (
+    METRICS,
+    METRICS_SCHEMA,
+    OFFSETS,
+    OFFSETS_SCHEMA,
+    HELD,
+    PARKED,
+    RETRIES,
+    RETRIES_SCHEMA,
+    UNDELIVERED,
+    UNDELIVERED_SCHEMA,
+    at_ms,
+)
+
+STREAM, CATCHUP, RETRY = "stream", "catchup", "retry"
+
+
+@dataclass
+class SubscriptionOutcome:
+    """One subscription in one round.
+
+    positions: partition -> its position after the round (only the partitions the round moved or kept).
+    resolved: for a retry round, parked messages that reached an end: (partition, offset) -> DELIVERED or
+        DISCARDED; those still unfinished are in `parked` again.
+    """
+
+    subscription: Subscription
+    counters: LaneCounters = field(default_factory=LaneCounters)
+    flow_state: FlowState = field(default_factory=FlowState)
+    positions: dict[int, int] = field(default_factory=dict)
+    discarded: list[Discarded] = field(default_factory=list)
+    parked: list[Parked] = field(default_factory=list)
+    carried: list[Carried] = field(default_factory=list)
+    resolved: dict[tuple[int, int], tuple[Record, str]] = field(default_factory=dict)
+
+
+@dataclass
+class RoundResult:
+    kind: str
+    writer: str
+    batch_id: int
+    kafka_topic: str
+    cluster: str
+    outcomes: list[SubscriptionOutcome] = field(default_factory=list)
+
+
+def table_rows(result: RoundResult, now_ms: int) -> list[tuple[str, pa.Table]]:
+    """The round's rows, table by table, in the order they must be written: positions last."""
+    return [
+        (UNDELIVERED, _undelivered(result, now_ms)),
+        (RETRIES, _retries(result, now_ms)),
+        (METRICS, _metrics(result)),
+        (OFFSETS, _offsets(result, now_ms)),
+    ]
+
+
+def _undelivered(result: RoundResult, now_ms: int) -> pa.Table:
+    rows = []
+    for outcome in result.outcomes:
+        subscription = outcome.subscription
+        for item in outcome.discarded:
+            rows.append({
+                "subscription": subscription.id, "topic_name": subscription.topicName, "partition": item.partition,
+                "offset": item.offset, "message_id": item.message_id, "status": "DISCARDED", "reason": item.reason,
+                "http_status": item.http_status, "attempts": item.attempts,
+                "message": item.message.decode("utf-8", errors="replace") if item.message is not None else None,
+                "timestamp": at_ms(item.discarded_ms or now_ms), "published_at": at_ms(item.published_ms),
+                "cluster": result.cluster, "batch_id": result.batch_id, "raw_value": item.raw_value,
+                "schema_id": item.schema_id, "schema_version": item.schema_version, "ended_by": item.ended_by,
+                "writer": result.writer,
+            })
+    return pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)
+
+
+def retry_row(subscription: Subscription, record: Record, state: RetryState | None, status: str, now_ms: int,
+              writer: str, batch_id: int) -> dict:
+    """One row of the retries table: a message parked with its state, or the end it reached."""
+    return {
+        "subscription": subscription.id, "topic_name": subscription.topicName, "partition": record.partition,
+        "offset": record.offset, "message_id": record.message_id, "state": status,
+        "message": record.body.decode("utf-8", errors="replace") if record.body is not None else None,
+        "body": record.body if status == PARKED else None,
+        "avro": record.avro if status == PARKED else None,
+        "published_at": at_ms(record.timestamp_ms or None),
+        "first_read_at": at_ms(state.first_read_ms) if state else None,
+        "due_at": at_ms(state.due_ms) if state else None,
+        "attempts": state.attempts if state else None,
+        "backoff_ms": state.backoff_s * 1000 if state and state.backoff_s is not None else None,
+        "http_status": state.last_status if state else None, "reason": state.last_reason if state else None,
+        "schema_id": record.schema_id, "schema_version": record.schema_version, "recorded_at": at_ms(now_ms),
+        "batch_id": batch_id, "writer": writer,
+    }
+
+
+def _retries(result: RoundResult, now_ms: int) -> pa.Table:
+    rows = []
+    for outcome in result.outcomes:
+        for (record, status) in outcome.resolved.values():
+            rows.append(retry_row(outcome.subscription, record, None, status, now_ms, result.writer,
+                                  result.batch_id))
+        for item in outcome.parked:
+            rows.append(retry_row(outcome.subscription, item.record, item.state, PARKED, now_ms, result.writer,
+                                  result.batch_id))
+        for item in outcome.carried:  # the state a later run continues from, should this one stop
+            stub = Record(partition=item.partition, offset=item.offset, timestamp_ms=0, message_id=None, body=None)
+            rows.append(retry_row(outcome.subscription, stub, item.state, HELD, now_ms, result.writer,
+                                  result.batch_id))
+    return pa.Table.from_pylist(rows, schema=RETRIES_SCHEMA)
+
+
+def _metrics(result: RoundResult) -> pa.Table:
+    rows = []
+    for outcome in result.outcomes:
+        counters = outcome.counters
+        seconds = max((counters.finished_ms - counters.started_ms) / 1000, 0.001)
+        rows.append({
+            "subscription": outcome.subscription.id, "batch_id": result.batch_id, "read": counters.read,
+            "delivered": counters.delivered, "discarded": counters.discarded, "filtered": counters.filtered,
+            "inflight": counters.inflight_peak, "attempts": counters.attempts, "timeouts": counters.timeouts,
+            "other_errors": counters.other_errors, "codes_2xx": counters.codes_2xx,
+            "codes_3xx": counters.codes_3xx, "codes_4xx": counters.codes_4xx, "codes_5xx": counters.codes_5xx,
+            "rate": counters.attempts / seconds if counters.attempts else 0.0,
+            "flow_mode": outcome.flow_state.mode.value, "flow_rate": outcome.flow_state.rate_per_s,
+            "started_at": at_ms(counters.started_ms or None), "finished_at": at_ms(counters.finished_ms or None),
+            "parked": counters.parked, "kind": result.kind, "writer": result.writer,
+        })
+    return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
+
+
+def _offsets(result: RoundResult, now_ms: int) -> pa.Table:
+    committed = at_ms(now_ms)
+    rows = [
+        {"subscription": outcome.subscription.id, "topic": result.kafka_topic, "partition": partition,
+         "offset": offset, "batch_id": result.batch_id, "committed_at": committed, "writer": result.writer}
+        for outcome in result.outcomes for partition, offset in sorted(outcome.positions.items())
+    ]
+    return pa.Table.from_pylist(rows, schema=OFFSETS_SCHEMA)
+
+
+def position_rows(subscription_id: str, kafka_topic: str, positions: dict[int, int], writer: str, batch_id: int,
+                  now: dt.datetime) -> pa.Table:
+    """Offsets rows that set a subscription's position outside a round (where it starts, or a move)."""
+    rows = [{"subscription": subscription_id, "topic": kafka_topic, "partition": partition, "offset": offset,
+             "batch_id": batch_id, "committed_at": now, "writer": writer}
+            for partition, offset in sorted(positions.items())]
+    return pa.Table.from_pylist(rows, schema=OFFSETS_SCHEMA)

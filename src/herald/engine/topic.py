@@ -1,0 +1,230 @@
+"""One Kafka topic: the streaming query its ACTIVE subscriptions share, and their states.
+
+Each micro-batch is read once, decoded once and filtered once for every subscription (`projection`), then
+delivered in one job (`fanout`) for the subscriptions whose position is the query's. A subscription that is
+behind (new with `earliest`, re-activated, stopped early at a batch deadline, moved by an operator) is left out
+and catches up on its own (`catchup`); it rejoins the shared query once it reaches the query's position
+(the frontier). The topic's lock guards the states; a round marks its subscriptions busy while it delivers.
+
+The query's offsets are Spark's checkpoint (`<storage>/checkpoints/topics/<kafka topic>`); the subscriptions'
+positions are the offsets table. A new checkpoint starts at the lowest position of the topic's subscriptions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+
+from herald.config import Subscription
+from herald.config.model import Topic
+from herald.delivery.plan import TaskPlan
+from herald.engine import checkpoint as checkpoints
+from herald.engine.context import EngineContext, now_ms
+from herald.engine.fanout import Participant, outcomes, run_round
+from herald.engine.planner import lane_plan
+from herald.engine.positions import behind
+from herald.engine.projection import project
+from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.state import SubscriptionState
+from herald.source.kafka_offsets import partition_watermarks
+from herald.source.stream import open_kafka_stream
+from herald.storage import Slice
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_location(storage_path: str, kafka_topic: str) -> str:
+    return f"{storage_path.rstrip('/')}/checkpoints/topics/{kafka_topic}"
+
+
+class TopicPipeline:
+    def __init__(self, context: EngineContext, topic: Topic, states: Iterable[SubscriptionState]) -> None:
+        self.context = context
+        self.topic = topic
+        self.kafka_topic = topic.kafka_topic
+        self.lock = threading.RLock()
+        self.states: dict[str, SubscriptionState] = {state.id: state for state in states}
+        self.frontier: dict[int, int] | None = None  # where the shared query is: the end of its last batch
+        self.batch_in_progress = False
+        self.query = None
+        self.checkpoint = checkpoint_location(context.config.storage_path, self.kafka_topic)
+        self._first_start: dict[int, int] | None = None
+        self._replay_possible = True  # the first batch of a run may be a replay: clear its slices in full
+        self._started = threading.Event()
+        self._writer = ""
+        self.catchup = None  # herald.engine.catchup.CatchUp, set by the runner
+
+    # -- subscriptions ----------------------------------------------------------------------------------------
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        """The ACTIVE subscriptions, in the order of the projection's `targets` indices."""
+        return [state.subscription for state in self.states.values()]
+
+    def add(self, state: SubscriptionState) -> None:
+        with self.lock:
+            state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
+            self.states[state.id] = state
+
+    def remove(self, subscription_id: str) -> SubscriptionState | None:
+        """Stop delivering a subscription (suspended or deleted); a round delivering it now finishes first."""
+        with self.lock:
+            return self.states.pop(subscription_id, None)
+
+    def update(self, subscription: Subscription) -> None:
+        """A new version of a subscription's file: its next round uses it."""
+        with self.lock:
+            state = self.states.get(subscription.id)
+            if state is not None:
+                state.subscription = subscription
+
+    # -- the shared query -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        context = self.context
+        settings = context.config.settings
+        starting = self._starting_offsets()
+        self.frontier = self._committed_frontier() or starting
+        for state in self.states.values():
+            state.catching_up = behind(state.positions, self.frontier)
+        raw = open_kafka_stream(
+            context.spark, context.connector, settings.kafka.bootstrapServers, settings.kafka.properties,
+            self.kafka_topic, json.dumps({self.kafka_topic: {str(p): o for p, o in sorted(starting.items())}}),
+            settings.streaming.maxOffsetsPerTrigger,
+        )
+        writer = (raw.writeStream.queryName(f"herald:{self.kafka_topic}")
+                  .option("checkpointLocation", self.checkpoint).foreachBatch(self.handle_batch))
+        if context.once:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=settings.streaming.triggerInterval)
+        self.query = writer.start()
+        self._writer = f"stream:{self.query.id}"  # the checkpoint's query id: the same after a restart
+        self._started.set()
+        log.info("%s: one query for %d subscription(s)", self.kafka_topic, len(self.states))
+
+    def _starting_offsets(self) -> dict[int, int]:
+        """Where a new checkpoint starts: per partition, the lowest position of the topic's subscriptions (a
+        partition without one starts at its earliest offset)."""
+        marks = partition_watermarks(self.context.client_config, [self.kafka_topic])[self.kafka_topic]
+        starting = {}
+        for partition, (low, high) in marks.items():
+            positions = [state.positions[partition] for state in self.states.values() if partition in state.positions]
+            starting[partition] = min(max(min(positions), low), high) if positions else low
+        if not os.path.exists(os.path.join(self.checkpoint, "offsets")) or "://" in self.checkpoint:
+            self._first_start = starting
+        return starting
+
+    def _committed_frontier(self) -> dict[int, int] | None:
+        last = checkpoints.last_committed(self.context.spark, self.checkpoint)
+        if last is None:
+            return None
+        return checkpoints.logged_offsets(self.context.spark, self.checkpoint, last, self.kafka_topic)
+
+    def handle_batch(self, batch_df, batch_id: int) -> None:
+        """`foreachBatch`: deliver the micro-batch to the subscriptions at the query's position."""
+        self._started.wait()
+        context = self.context
+        ranges = checkpoints.batch_ranges(context.spark, self.checkpoint, batch_id, self.kafka_topic,
+                                          self._first_start)
+        started = time.monotonic()
+        with self.lock:
+            subscriptions = self.subscriptions
+            participants = self._participants(subscriptions, ranges)
+            self.batch_in_progress = True
+        results: list[SubscriptionOutcome] = []
+        try:
+            if participants and any(start < end for start, end in ranges.values()):
+                rows = project(batch_df, context.config, self.topic, subscriptions)
+                reports = run_round(rows, self.task_plan(participants, ranges), _input_partitions(ranges))
+                results = outcomes(participants, ranges, reports)
+            else:
+                results = [SubscriptionOutcome(p.state.subscription, flow_state=p.state.flow,
+                                               positions={q: max(p.state.positions.get(q, e), e)
+                                                          for q, (_, e) in ranges.items()})
+                           for p in participants]
+        finally:
+            with self.lock:
+                self.apply(participants, results)
+                for participant in participants:
+                    if behind(participant.state.positions, {p: e for p, (_, e) in ranges.items()}):
+                        participant.state.catching_up = True
+                self.frontier = {p: e for p, (_, e) in ranges.items()}
+                self.batch_in_progress = False
+        self.record(RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
+                    possible_replay=self._replay_possible)
+        self._replay_possible = False
+        if self.catchup is not None:
+            self.catchup.wake()
+        counted = sum(r.counters.delivered for r in results), sum(r.counters.discarded for r in results)
+        log.info("%s batch %d: %d subscription(s), delivered %d, discarded %d, %d behind, in %.1f s",
+                 self.kafka_topic, batch_id, len(participants), *counted,
+                 sum(1 for s in self.states.values() if s.catching_up), time.monotonic() - started)
+
+    def _participants(self, subscriptions: list[Subscription], ranges: dict[int, tuple[int, int]]) -> list[Participant]:
+        """The subscriptions at the query's position (lock held); those behind are sent to catch up."""
+        chosen = []
+        for index, subscription in enumerate(subscriptions):
+            state = self.states[subscription.id]
+            if state.busy or state.catching_up:
+                continue
+            if any(state.positions.get(p, start) < start for p, (start, _) in ranges.items()):
+                state.catching_up = True
+                continue
+            state.busy = True
+            chosen.append(Participant(index, state, lane_plan(state, self.context.flow_settings,
+                                                             self.context.retries.parked_count(state.id))))
+        return chosen
+
+    # -- shared by the query and catch-up ---------------------------------------------------------------------
+    def task_plan(self, participants: list[Participant], ranges: dict[int, tuple[int, int]],
+                  max_tasks: int | None = None, shared: bool = True) -> TaskPlan:
+        settings = self.context.config.settings
+        tasks = max(1, min(_input_partitions(ranges), max_tasks or self.context.parallelism))
+        return TaskPlan(
+            topic=self.kafka_topic,
+            lanes={p.index: p.plan for p in participants},
+            deadline_ms=now_ms() + int(settings.streaming.batch_deadline_s * 1000),
+            tasks=tasks,
+            park_after_s=settings.streaming.park_after_s,
+            settle_throttled=shared,
+            transport=settings.delivery.transport,
+            max_open=settings.delivery.maxOpenRequests,
+        )
+
+    def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> None:
+        """Take a round's outcomes into the states (lock held) and hand parked messages to the retry driver."""
+        by_id = {result.subscription.id: result for result in results}
+        for participant in participants:
+            state = participant.state
+            state.busy = False
+            result = by_id.get(state.id)
+            if result is None:
+                continue
+            state.flow = result.flow_state
+            for partition, offset in result.positions.items():
+                state.positions[partition] = max(state.positions.get(partition, offset), offset)
+            for item in result.carried:
+                state.carried[(item.partition, item.offset)] = item.state
+            state.carried = state.live_carried()
+            if result.parked:
+                self.context.retries.park(state.subscription, self.kafka_topic, result.parked)
+
+    def record(self, result: RoundResult, possible_replay: bool) -> None:
+        """Hand the round's rows to the table writer. Empty tables are skipped, unless the round may replay an
+        earlier run's (its old slices are then cleared too)."""
+        tables = table_rows(result, now_ms())
+        if not possible_replay:
+            tables = [(table, rows) for table, rows in tables if rows.num_rows]
+        if tables:
+            self.context.writer.submit(Slice(result.writer, result.batch_id), tables)
+
+    def stop(self) -> None:
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
+
+
+def _input_partitions(ranges: dict[int, tuple[int, int]]) -> int:
+    return max(1, sum(1 for start, end in ranges.values() if start < end))
