@@ -19,23 +19,38 @@ def write_conf(
     settings: dict | None = None,
 ) -> Path:
     """A conf directory with one JSON topic and the given subscriptions (name -> YAML fields)."""
+    return write_topics_conf(root, bootstrap_servers, {topic: subscriptions}, settings)
+
+
+def write_topics_conf(root: Path, bootstrap_servers: str, topics: dict[str, dict[str, dict]],
+                      settings: dict | None = None) -> Path:
+    """A conf directory with JSON topics and their subscriptions (topic -> name -> YAML fields); a
+    subscription's file is `<name>.yaml`, or `<topic>.<name>.yaml` when there are several topics."""
     conf = root / "conf"
     (conf / "topics").mkdir(parents=True, exist_ok=True)
     (conf / "subscriptions").mkdir(exist_ok=True)
     herald = {
         "kafka": {"bootstrapServers": bootstrap_servers, "connector": "auto", "cluster": "test"},
         "storage": {"path": str(root / "storage")},
-        "streaming": {"triggerInterval": "200 milliseconds", "maxOffsetsPerTrigger": 1000},
+        "streaming": {"triggerInterval": "200 milliseconds", "maxOffsetsPerTrigger": 1000, "configPollMs": 500},
         "rateControl": {"adjustIntervalMs": 500, "slowRate": 20, "heartbeatIntervalMs": 2000},
     }
     for key, value in (settings or {}).items():
         herald[key] = {**herald.get(key, {}), **value}
     (conf / "herald.yaml").write_text(yaml.safe_dump(herald))
-    (conf / "topics" / f"{topic}.yaml").write_text(textwrap.dedent(f"name: {topic}\ncontentType: JSON\n"))
-    for name, fields in subscriptions.items():
-        document = {"topicName": topic, "name": name, "startingOffsets": "earliest", **fields}
-        (conf / "subscriptions" / f"{name}.yaml").write_text(yaml.safe_dump(document))
+    for topic, subscriptions in topics.items():
+        (conf / "topics" / f"{topic}.yaml").write_text(textwrap.dedent(f"name: {topic}\ncontentType: JSON\n"))
+        for name, fields in subscriptions.items():
+            write_subscription(conf, topic, name, fields, prefixed=len(topics) > 1)
     return conf
+
+
+def write_subscription(conf: Path, topic: str, name: str, fields: dict, prefixed: bool = False) -> Path:
+    """(Re)write one subscription file; startingOffsets defaults to earliest."""
+    document = {"topicName": topic, "name": name, "startingOffsets": "earliest", **fields}
+    path = conf / "subscriptions" / (f"{topic}.{name}.yaml" if prefixed else f"{name}.yaml")
+    path.write_text(yaml.safe_dump(document))
+    return path
 
 
 def produce(bootstrap_servers: str, topic: str, documents: list[dict], key_field: str | None = None,

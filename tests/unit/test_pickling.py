@@ -1,5 +1,5 @@
-"""Only plain configuration crosses from the driver to Spark's Python workers: each piece pickles, and the
-transport rebuilds its sessions after unpickling."""
+"""Only plain configuration crosses from the driver to Spark's Python workers: each piece pickles, and none
+shows a credential."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import pickle
 from pyspark import cloudpickle  # the pickler Spark ships functions to its workers with
 
 from herald.config.model import SerialPolicy, Subscription
-from herald.delivery.flow import FlowSettings, FlowState
+from herald.delivery.flow import FlowSettings
+from herald.delivery.plan import TaskPlan
 from herald.delivery.task import delivery_task
-from herald.delivery.transport import HttpTransport
-from herald.engine.planner import plan_task
+from herald.engine.planner import lane_plan
+from herald.engine.state import SubscriptionState
 
 
 def subscription() -> Subscription:
@@ -19,22 +20,21 @@ def subscription() -> Subscription:
                         subscriptionPolicy=SerialPolicy(inflightSize=10, rate=100))
 
 
+def task_plan() -> TaskPlan:
+    lane = lane_plan(SubscriptionState(subscription(), positions={0: 5}), FlowSettings(), parked=0)
+    return TaskPlan(topic="a.b", lanes={0: lane}, deadline_ms=1, tasks=3)
+
+
 def test_the_plan_pickles_and_never_shows_credentials():
-    plan = plan_task(subscription(), tasks=3, flow_settings=FlowSettings(), flow=FlowState())
+    plan = task_plan()
     assert pickle.loads(pickle.dumps(plan)) == plan
-    assert plan.inflight == 3 and abs(plan.rate_per_s - 100 / 3) < 1e-9
     assert "secret" not in repr(plan) and "Authorization" not in repr(plan)
+    lane = plan.lanes[0]
+    assert any(line.startswith("Authorization: Basic ") for line in lane.header_lines)
+    shares = [lane.share(3, i) for i in range(3)]
+    assert [s.inflight for s in shares] == [4, 3, 3] and abs(sum(s.rate_per_s for s in shares) - 100) < 1e-9
 
 
 def test_the_task_function_pickles_with_its_plan():
-    plan = plan_task(subscription(), tasks=1, flow_settings=FlowSettings(), flow=FlowState())
-    function = cloudpickle.loads(cloudpickle.dumps(delivery_task(plan)))
+    function = cloudpickle.loads(cloudpickle.dumps(delivery_task(task_plan())))
     assert callable(function)
-
-
-def test_a_used_transport_pickles_as_configuration_only():
-    transport = HttpTransport(request_timeout_s=2.0, socket_timeout_s=0.5)
-    transport._adapter()  # a live connection pool exists now
-    copy = pickle.loads(pickle.dumps(transport))
-    assert (copy.request_timeout_s, copy.socket_timeout_s) == (2.0, 0.5)
-    assert copy._adapters == []

@@ -1,47 +1,95 @@
-"""The README's defaults table is the code's: defaults and limits live in herald.config.model only."""
+"""The README's tables are the code's: defaults and limits live in herald.config.model only."""
 
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
 import annotated_types as at
+from pydantic import BaseModel
 
-from herald.config.model import SerialPolicy
+from herald.config.model import HeraldSettings, SerialPolicy
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def readme_table() -> dict[str, tuple[str, str]]:
+def readme_table(marker: str, columns: int) -> dict[str, list[str]]:
     text = README.read_text()
-    table = text.split("<!-- defaults-table")[1].split("<!-- /defaults-table -->")[0]
+    table = text.split(f"<!-- {marker}")[1].split(f"<!-- /{marker} -->")[0]
     rows = {}
     for line in table.splitlines():
+        if not line.startswith("|"):
+            continue
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0] not in ("option", "---") and not cells[0].startswith("-"):
-            rows[cells[0]] = (cells[1], cells[2])
+        if len(cells) == columns and cells[0] not in ("option", "key") and not cells[0].startswith("-"):
+            rows[cells[0].strip("`")] = cells[1:]
     return rows
 
 
-def limits_of(name: str) -> str:
+def number(value) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def limits_of(model: type[BaseModel], name: str) -> str:
+    """Pydantic bounds as the README writes them: `a .. b`, `a .. <b`, `> a .. < b`, `>= a`, `> a`."""
     bounds = {}
-    for item in SerialPolicy.model_fields[name].metadata:
+    for item in model.model_fields[name].metadata:
         for kind, symbol in ((at.Ge, ">="), (at.Gt, ">"), (at.Le, "<="), (at.Lt, "<")):
             if isinstance(item, kind):
                 bounds[symbol] = getattr(item, {">=": "ge", ">": "gt", "<=": "le", "<": "lt"}[symbol])
-    low = bounds.get(">=", bounds.get(">"))
-    if "<=" in bounds:
-        return f"{low:g} .. {bounds['<=']:g}"
-    if "<" in bounds:
-        return f"{low:g} .. <{bounds['<']:g}"
-    return f">= {low:g}" if low is not None else ""
+    if not bounds:  # `int | None` keeps its bounds inside the union
+        for argument in typing.get_args(model.model_fields[name].annotation):
+            for item in getattr(argument, "__metadata__", ()):
+                for constraint in getattr(item, "metadata", [item]):
+                    for kind, symbol in ((at.Ge, ">="), (at.Gt, ">"), (at.Le, "<="), (at.Lt, "<")):
+                        if isinstance(constraint, kind):
+                            bounds[symbol] = getattr(constraint, {">=": "ge", ">": "gt", "<=": "le",
+                                                                  "<": "lt"}[symbol])
+    low = f"{number(bounds['>='])}" if ">=" in bounds else f"> {number(bounds['>'])}" if ">" in bounds else None
+    high = f"{number(bounds['<='])}" if "<=" in bounds else f"<{number(bounds['<'])}" if "<" in bounds else None
+    if low is not None and high is not None:
+        return f"{low} .. {high}" if ">=" in bounds else f"{low} .. < {high.lstrip('<')}"
+    if low is not None:
+        return f">= {low}" if ">=" in bounds else low
+    return f"<= {high}" if high else ""
 
 
 def test_every_policy_option_is_documented_with_its_default_and_limits():
-    rows = readme_table()
+    rows = readme_table("defaults-table", 4)
     assert set(rows) == set(SerialPolicy.model_fields)
-    for name, (default, limits) in rows.items():
+    for name, (default, limits, _) in rows.items():
         expected = SerialPolicy.model_fields[name].default
-        shown = str(expected).lower() if isinstance(expected, bool) else f"{expected:g}"
+        shown = str(expected).lower() if isinstance(expected, bool) else number(expected)
         assert default == shown, f"{name}: README says {default}, code says {shown}"
-        assert re.sub(r"\s+", " ", limits) == limits_of(name), f"{name}: README limits {limits!r}"
+        assert re.sub(r"\s+", " ", limits) == limits_of(SerialPolicy, name), f"{name}: README limits {limits!r}"
+
+
+def settings_fields() -> dict[str, tuple[type[BaseModel], str, bool]]:
+    """herald.yaml's keys, `section.key`, each with its model, field name and whether its section is optional."""
+    keys = {}
+    for section, info in HeraldSettings.model_fields.items():
+        model = next(a for a in (info.annotation, *typing.get_args(info.annotation))
+                     if isinstance(a, type) and issubclass(a, BaseModel))
+        for name in model.model_fields:
+            keys[f"{section}.{name}"] = (model, name, not info.is_required() and info.default is None)
+    return keys
+
+
+def test_every_herald_yaml_key_is_documented_with_its_default_and_limits():
+    rows = readme_table("settings-table", 3)
+    fields = settings_fields()
+    assert set(rows) == set(fields), f"README only: {set(rows) - set(fields)}; code only: {set(fields) - set(rows)}"
+    for key, (default, meaning) in rows.items():
+        model, name, optional_section = fields[key]
+        info = model.model_fields[name]
+        if info.is_required():
+            expected = "none" if optional_section else "(required)"
+            assert default == expected, f"{key}: README says {default}, code: required in its section"
+        elif info.default is not None and not isinstance(info.default, dict) and info.default_factory is None:
+            value = info.default
+            shown = number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+            assert default == f"`{shown}`", f"{key}: README says {default}, code says {shown}"
+        limits = limits_of(model, name)
+        if limits:
+            assert limits in meaning, f"{key}: README does not give its limits {limits!r}: {meaning!r}"

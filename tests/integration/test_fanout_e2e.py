@@ -1,0 +1,199 @@
+"""One query per topic, shared by many subscriptions that each move at their own pace (DESIGN.md §2).
+
+Real broker, real Spark, real HTTP subscribers on 127.0.0.1, real Delta tables.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from herald import readout
+from herald.config import load_config
+from herald.engine.runner import Runner
+from herald.storage import DeltaRsStore
+from herald.storage.tables import RETRIES
+from tests.support.herald_env import produce, wait_until, write_subscription, write_topics_conf
+from tests.support.running import RunningHerald
+from tests.support.subscriber import Reply, ScriptedSubscriber
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+def run_once(conf, spark) -> int:
+    return Runner(load_config(conf), spark=spark).run(once=True)
+
+
+def by_path(sub: ScriptedSubscriber) -> dict[str, list]:
+    grouped: dict[str, list] = {}
+    for request in sorted(sub.requests, key=lambda r: r.at):
+        grouped.setdefault(request.path, []).append(request)
+    return grouped
+
+
+def test_fifty_four_subscriptions_over_three_topics_share_one_query_per_topic(broker, spark, tmp_path):
+    topics = [f"scale.t{n}_{time.time_ns() % 10**8}" for n in range(3)]
+    broker.create_topics({topic: 2 for topic in topics})
+    with ScriptedSubscriber() as sub:
+        layout = {}
+        for topic in topics:
+            subscriptions = {}
+            for n in range(18):
+                filters = [{"type": "jsonpath", "path": "$.k", "matcher": str(n % 6)}]
+                if n % 3 == 0:
+                    filters.append({"type": "jsonpath", "path": "$.tags[*]", "matcher": "hot",
+                                    "matchingStrategy": "any"})
+                subscriptions[f"s{n}"] = {"endpoint": f"{sub.url}/{topic}/s{n}", "filters": filters}
+            layout[topic] = subscriptions
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, layout)
+        documents = [{"i": i, "k": str(i % 6), "tags": ["hot"] if i % 4 == 0 else ["cold"]} for i in range(60)]
+        for topic in topics:
+            produce(broker.bootstrap_servers, topic, documents)
+        runner = Runner(load_config(conf), spark=spark)
+        assert runner.run(once=True) == 0
+        assert len(runner.pipelines) == 3, "one query per topic, whatever the number of subscriptions"
+    received = by_path(sub)
+    config = load_config(conf)
+    for topic in topics:
+        for n in range(18):
+            expected = {d["i"] for d in documents if d["k"] == str(n % 6) and (n % 3 or "hot" in d["tags"])}
+            got = [r.json()["i"] for r in received.get(f"/{topic}/s{n}", [])]
+            assert sorted(got) == sorted(expected), f"{topic} s{n}"
+            metrics = readout.metrics(config, config.subscription(f"{topic}.s{n}"))
+            assert metrics["delivered"] == len(expected)
+            assert metrics["filtered"] == len(documents) - len(expected)
+
+
+def test_a_failing_subscriber_does_not_hold_back_a_healthy_one(broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 2})
+    with ScriptedSubscriber(lambda r: Reply(status=500 if r.path == "/failing" else 200)) as sub:
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {
+            "healthy": {"endpoint": sub.url + "/healthy"},
+            "failing": {"endpoint": sub.url + "/failing",
+                        "subscriptionPolicy": {"messageTtl": 60, "messageBackoff": 200}},
+        }})
+        with RunningHerald(conf, spark):
+            produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10)])
+            assert wait_until(lambda: len(by_path(sub).get("/healthy", [])) == 10, timeout_s=60)
+            produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10, 30)])
+            assert wait_until(lambda: len(by_path(sub).get("/healthy", [])) == 30, timeout_s=60)
+            last_healthy = by_path(sub)["/healthy"][-1].at
+            assert wait_until(lambda: by_path(sub)["/failing"][-1].at > last_healthy + 1.0, timeout_s=30), \
+                "the failing subscription is still being retried after the healthy one got everything"
+            failing = by_path(sub)["/failing"]
+            # the failing subscriber is slowed to heartbeat probes (every 2 s here), as in Hermes: it gets probes,
+            # the healthy one everything
+            assert {r.json()["i"] for r in failing} >= set(range(10))
+    parked = DeltaRsStore(str(tmp_path / "storage")).read(RETRIES, f"{topic_name}.failing").to_pylist()
+    assert {row["state"] for row in parked} >= {"PARKED"}
+
+
+def test_a_poison_message_retries_beside_later_messages_then_is_discarded_by_its_ttl(
+        broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    with ScriptedSubscriber() as sub:
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {"s": {
+            "endpoint": sub.url, "subscriptionPolicy": {"messageTtl": 6, "messageBackoff": 300, "inflightSize": 10},
+        }}}, settings={"streaming": {"parkAfterMs": 500}})
+        with RunningHerald(conf, spark):
+            produce(broker.bootstrap_servers, topic_name, [{"i": 0, "replies": [[500]]}])
+            assert wait_until(lambda: len(sub.requests) >= 2, timeout_s=60)
+            produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(1, 21)])
+            config = load_config(conf)
+            subscription = config.subscription(f"{topic_name}.s")
+            assert wait_until(lambda: readout.undelivered(config, subscription, limit=5), timeout_s=60)
+    attempts = {}
+    for request in sorted(sub.requests, key=lambda r: r.at):
+        attempts.setdefault(request.json()["i"], []).append(request)
+    assert set(attempts) == set(range(21)) and all(len(attempts[i]) == 1 for i in range(1, 21))
+    poison = attempts[0]
+    assert max(attempts[i][0].at for i in range(1, 21)) < poison[-1].at, "later messages went out while it retried"
+    assert [r.headers["Hermes-Retry-Count"] for r in poison] == [str(n) for n in range(len(poison))]
+    assert len({r.message_id for r in poison}) == 1
+    (row,) = readout.undelivered(config, subscription, limit=5)
+    assert row["reason"] == "Message sending failed with status code:500" and row["attempts"] == len(poison)
+    states = [r["state"] for r in DeltaRsStore(str(tmp_path / "storage")).read(RETRIES, subscription.id).to_pylist()]
+    assert "PARKED" in states and "DISCARDED" in states
+
+
+def test_parked_retries_survive_a_restart_and_go_on_counting(broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    store = DeltaRsStore(str(tmp_path / "storage"))
+
+    def newest(offset: int) -> dict:
+        rows = [row for row in store.read(RETRIES, f"{topic_name}.s").to_pylist() if row["offset"] == offset]
+        return max(rows, key=lambda row: row["recorded_at"])
+
+    with ScriptedSubscriber() as sub:
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {"s": {
+            "endpoint": sub.url, "subscriptionPolicy": {"messageTtl": 120, "messageBackoff": 1500},
+        }}}, settings={"streaming": {"parkAfterMs": 200}})
+        produce(broker.bootstrap_servers, topic_name, [{"i": 0, "replies": [[503], [503], [200]]}, {"i": 1}])
+        for run in range(3):
+            assert run_once(conf, spark) == 0
+            state = newest(0)
+            if run < 2:
+                assert state["state"] == "PARKED" and state["attempts"] == run + 1
+                time.sleep(max(0.0, state["due_at"].timestamp() - time.time()) + 0.2)  # due before the next run
+    assert state["state"] == "DELIVERED"
+    poison = [r for r in sorted(sub.requests, key=lambda r: r.at) if r.json()["i"] == 0]
+    assert [r.headers["Hermes-Retry-Count"] for r in poison] == ["0", "1", "2"], "one attempt per run, counted on"
+    assert len({r.message_id for r in poison}) == 1
+    assert [r.json()["i"] for r in sub.requests].count(1) == 1, "the other message was delivered once"
+
+
+def test_an_ordered_subscription_never_parks_and_keeps_partition_order(broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    with ScriptedSubscriber() as sub:
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {"o": {
+            "endpoint": sub.url, "subscriptionPolicy": {"inflightSize": 1, "messageBackoff": 300, "messageTtl": 60},
+        }}}, settings={"streaming": {"parkAfterMs": 200}})
+        documents = [{"i": 0}, {"i": 1, "replies": [[500], [500], [500], [200]]}] + [{"i": i} for i in range(2, 8)]
+        produce(broker.bootstrap_servers, topic_name, documents)
+        assert run_once(conf, spark) == 0
+    order = [r.json()["i"] for r in sorted(sub.requests, key=lambda r: r.at)]
+    assert order == [0, 1, 1, 1, 1, 2, 3, 4, 5, 6, 7]
+    states = {row["state"] for row in DeltaRsStore(str(tmp_path / "storage")).read(RETRIES, f"{topic_name}.o")
+              .to_pylist()}
+    assert "PARKED" not in states
+
+
+def test_live_configuration_add_edit_suspend_activate_and_an_invalid_edit(broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 2})
+
+    def ids(path: str) -> list[int]:
+        return sorted(r.json()["i"] for r in by_path(sub).get(path, []))
+
+    with ScriptedSubscriber() as sub:
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {"a": {"endpoint": sub.url + "/a"}}})
+        produce(broker.bootstrap_servers, topic_name, [{"i": i, "k": "x"} for i in range(5)])
+        with RunningHerald(conf, spark):
+            assert wait_until(lambda: ids("/a") == list(range(5)), timeout_s=60)
+            # added while running: `latest` gets only what comes after it is seen; `earliest` catches up alone
+            write_subscription(conf, topic_name, "late", {"endpoint": sub.url + "/late", "startingOffsets": "latest"})
+            write_subscription(conf, topic_name, "early", {"endpoint": sub.url + "/early"})
+            assert wait_until(lambda: ids("/early") == list(range(5)), timeout_s=60)
+            time.sleep(1.5)
+            produce(broker.bootstrap_servers, topic_name, [{"i": i, "k": "y"} for i in range(5, 10)])
+            assert wait_until(lambda: ids("/late") == list(range(5, 10)) and ids("/a") == list(range(10)),
+                              timeout_s=60)
+            # suspended: nothing new; activated: what was published meanwhile follows
+            write_subscription(conf, topic_name, "a", {"endpoint": sub.url + "/a", "state": "SUSPENDED"})
+            time.sleep(2.0)
+            produce(broker.bootstrap_servers, topic_name, [{"i": i, "k": "x"} for i in range(10, 15)])
+            assert wait_until(lambda: ids("/early") == list(range(15)), timeout_s=60)
+            assert ids("/a") == list(range(10))
+            # an edit applies; an invalid edit keeps the last valid version running
+            write_subscription(conf, topic_name, "late", {"endpoint": sub.url + "/late", "startingOffsets": "latest",
+                                                          "filters": [{"type": "jsonpath", "path": "$.k",
+                                                                       "matcher": "x"}]})
+            (conf / "subscriptions" / "early.yaml").write_text("topicName: [not, valid\n")
+            write_subscription(conf, topic_name, "a", {"endpoint": sub.url + "/a", "state": "ACTIVE"})
+            assert wait_until(lambda: ids("/a") == list(range(15)), timeout_s=60)
+            time.sleep(1.0)
+            produce(broker.bootstrap_servers, topic_name, [{"i": 15, "k": "y"}, {"i": 16, "k": "x"}])
+            assert wait_until(lambda: ids("/early") == list(range(17)) and 16 in ids("/late"), timeout_s=60)
+            time.sleep(1.0)
+            assert 15 not in ids("/late"), "the edited filter applies"

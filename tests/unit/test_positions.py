@@ -1,0 +1,64 @@
+"""How a round moves a subscription's positions, and how catch-up reads are bounded (pure, no Spark)."""
+
+from __future__ import annotations
+
+from herald.delivery.report import LaneReport, TaskReport
+from herald.engine.planner import split_inflight
+from herald.engine.positions import advance, behind, catch_up_ranges, earliest
+
+
+def task(progress: dict[int, int], exhausted: bool = True, **lanes: LaneReport) -> TaskReport:
+    return TaskReport(task="t", progress=progress, exhausted=exhausted,
+                      lanes={int(name[1:]): lane for name, lane in lanes.items()})
+
+
+RANGES = {0: (10, 20), 1: (5, 9), 2: (7, 7)}
+
+
+def test_a_round_read_to_its_end_moves_every_partition_to_the_end():
+    reports = [task({0: 18}, l0=LaneReport()), task({1: 9}, l0=LaneReport())]  # 18: the last rows were gaps
+    assert advance({0: 10, 1: 5, 2: 7}, RANGES, reports, 0) == {0: 20, 1: 9, 2: 7}
+
+
+def test_a_lane_stop_holds_the_position_at_its_first_unfinished_message():
+    reports = [task({0: 20, 1: 9}, l0=LaneReport(stops={0: 14}))]
+    assert advance({0: 10, 1: 5}, RANGES, reports, 0) == {0: 14, 1: 9, 2: 7}
+
+
+def test_a_task_stopped_by_the_deadline_moves_only_as_far_as_it_read():
+    reports = [task({0: 16}, exhausted=False, l0=LaneReport()), task({1: 9}, l0=LaneReport())]
+    # partition 2 had no rows and a task did not read all its input: it might have been that task's: it stays
+    assert advance({0: 10, 1: 5, 2: 7}, RANGES, reports, 0) == {0: 16, 1: 9, 2: 7}
+    assert advance({0: 10, 1: 5, 2: 3}, {**RANGES, 2: (3, 7)}, reports, 0)[2] == 3
+
+
+def test_a_cut_lane_does_not_move_in_partitions_it_never_reached():
+    reports = [task({0: 20, 1: 9}, l0=LaneReport(stops={0: 12}, cut=True))]
+    assert advance({0: 10, 1: 5}, RANGES, reports, 0) == {0: 12, 1: 5, 2: 7}
+
+
+def test_positions_never_go_back_and_a_subscription_ahead_stays_ahead():
+    reports = [task({0: 20, 1: 9}, l0=LaneReport(stops={0: 12}))]
+    assert advance({0: 15, 1: 30}, RANGES, reports, 0) == {0: 15, 1: 30, 2: 7}
+
+
+def test_behind_and_earliest():
+    assert behind({0: 5, 1: 9}, {0: 5, 1: 10})
+    assert not behind({0: 5, 1: 12}, {0: 5, 1: 10})
+    assert earliest({0: 5, 1: 9}, {0: 3, 1: 12}) == {0: 3, 1: 9}
+
+
+def test_catch_up_reads_are_bounded_and_shared_by_lag():
+    assert catch_up_ranges({0: 0, 1: 90}, {0: 100, 1: 100}, 1000) == {0: (0, 100), 1: (90, 100)}
+    bounded = catch_up_ranges({0: 0, 1: 900}, {0: 1000, 1: 1000}, 110)
+    assert bounded == {0: (0, 100), 1: (900, 910)}
+    assert sum(end - start for start, end in bounded.values()) <= 110
+    assert catch_up_ranges({0: 100}, {0: 100}, 10) == {}
+
+
+def test_parked_messages_get_at_most_half_the_inflight_and_the_reading_path_never_none():
+    assert split_inflight(100, 0) == (100, 0)
+    assert split_inflight(100, 3) == (97, 3)
+    assert split_inflight(100, 500) == (50, 50)
+    assert split_inflight(2, 9) == (1, 1)
+    assert split_inflight(1, 0) == (1, 0)
