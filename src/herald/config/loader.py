@@ -16,46 +16,21 @@ Example::
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ValidationError
-
-from herald.config.model import ContentType, HeraldSettings, Subscription, Topic
-from herald.endpoint import mask_secrets
+from herald.config.checks import check_subscription, check_topic, filter_rules
+from herald.config.files import ConfigError, Problem, load_file, raw_mapping, substitute_env, yaml_files
+from herald.config.model import HeraldSettings, Subscription, Topic
 
 SETTINGS_FILE = "herald.yaml"
 TOPICS_DIR = "topics"
 SUBSCRIPTIONS_DIR = "subscriptions"
 
-_ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_SECRET_KEYS = ("endpoint", "password", "secret", "properties", "options", "value", "token")
-
-Model = TypeVar("Model", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.key}: {self.message}" if self.key else f"{self.file}: {self.message}"
-
-
-class ConfigError(Exception):
-    """The configuration is invalid; `problems` lists every problem found."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(str(problem) for problem in problems))
-
+__all__ = ["ConfigError", "HeraldConfig", "LoadResult", "Problem", "conf_fingerprint", "filter_rules", "load_config",
+           "load_config_lenient"]
 
 @dataclass(frozen=True)
 class HeraldConfig:
@@ -230,47 +205,47 @@ def _load(conf_dir: Path | str, lenient: bool) -> LoadResult:
         return _shown(conf_dir, path)
 
     settings_path = conf_dir / SETTINGS_FILE
-    settings = _load_file(settings_path, HeraldSettings, shown, problems, required=True)
+    settings = load_file(settings_path, HeraldSettings, shown, problems, required=True)
     if lenient and (problems or settings is None):
         raise ConfigError(problems or [Problem(shown(settings_path), "", "file not found")])
 
     topics: dict[str, Topic] = {}
     schemas: dict[str, str] = {}
     invalid_topics: dict[Path, str | None] = {}  # invalid topic file -> the topic name it names, if readable
-    for path in _yaml_files(conf_dir / TOPICS_DIR):
+    for path in yaml_files(conf_dir / TOPICS_DIR):
         found: list[Problem] = []
-        topic = _load_file(path, Topic, shown, found)
+        topic = load_file(path, Topic, shown, found)
         if topic is not None:
             if topic.name in topics:
                 found.append(Problem(shown(path), "name", f"topic {topic.name} is defined twice"))
             schema: dict[str, str] = {}
-            found.extend(_check_topic(topic, conf_dir, settings, shown(path), schema))
+            found.extend(check_topic(topic, conf_dir, settings, shown(path), schema))
             if not found or not lenient:
                 topics[topic.name] = topic
                 schemas.update(schema)
         if found:
             problems.extend(found)
-            name = topic.name if topic is not None else _raw(path).get("name")
+            name = topic.name if topic is not None else raw_mapping(path).get("name")
             invalid_topics[path] = name if isinstance(name, str) else None
 
     subscriptions: list[Subscription] = []
     files: dict[str, Path] = {}
     invalid_subscriptions: list[Path] = []
     claimed: dict[Path, str] = {}
-    for path in _yaml_files(conf_dir / SUBSCRIPTIONS_DIR):
+    for path in yaml_files(conf_dir / SUBSCRIPTIONS_DIR):
         found = []
-        subscription = _load_file(path, Subscription, shown, found)
+        subscription = load_file(path, Subscription, shown, found)
         if subscription is not None and subscription.id in files:
             found.append(Problem(shown(path), "name", f"subscription {subscription.id} is also defined in "
                                                        f"{shown(files[subscription.id])}"))
         elif subscription is not None:
-            found.extend(_check_subscription(subscription, topics, shown(path), notes,
+            found.extend(check_subscription(subscription, topics, shown(path), notes,
                                              invalid_topics if lenient else {}, shown))
         if found:
             problems.extend(found)
             invalid_subscriptions.append(path)
             raw = {"topicName": subscription.topicName, "name": subscription.name} if subscription is not None \
-                else _raw(path)
+                else raw_mapping(path)
             if isinstance(raw.get("topicName"), str) and isinstance(raw.get("name"), str):
                 claimed[path] = f"{raw['topicName']}.{raw['name']}"
         if subscription is not None and (not found or not lenient) and subscription.id not in files:
@@ -301,13 +276,13 @@ def conf_fingerprint(conf_dir: Path | str) -> tuple:
 
     add(conf_dir / SETTINGS_FILE)
     schema_files: set[str] = set()
-    for path in _yaml_files(conf_dir / TOPICS_DIR):
+    for path in yaml_files(conf_dir / TOPICS_DIR):
         entry = add(path)
         if entry is not None:
             schema_file = _schema_file_named(entry)
             if schema_file:
                 schema_files.add(schema_file)
-    for path in _yaml_files(conf_dir / SUBSCRIPTIONS_DIR):
+    for path in yaml_files(conf_dir / SUBSCRIPTIONS_DIR):
         add(path)
     for schema_file in sorted(schema_files):
         if add((conf_dir / schema_file).resolve()) is None:
@@ -322,18 +297,9 @@ def _schema_file_named(entry: tuple[str, int, int]) -> str | None:
     if entry not in _SCHEMA_FILES:
         if len(_SCHEMA_FILES) > 10_000:
             _SCHEMA_FILES.clear()
-        value = _raw(Path(entry[0])).get("schemaFile")
-        _SCHEMA_FILES[entry] = _substitute_env(value, "", "", []) if isinstance(value, str) else None
+        value = raw_mapping(Path(entry[0])).get("schemaFile")
+        _SCHEMA_FILES[entry] = substitute_env(value, "", "", []) if isinstance(value, str) else None
     return _SCHEMA_FILES[entry]
-
-
-def _raw(path: Path) -> dict:
-    """A YAML file's top-level mapping, read without validation ({} when it cannot be read as one)."""
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    return document if isinstance(document, dict) else {}
 
 
 def _shown(conf_dir: Path, path: Path) -> str:
@@ -342,185 +308,3 @@ def _shown(conf_dir: Path, path: Path) -> str:
         return str(path.relative_to(conf_dir.parent))
     except ValueError:
         return str(path)
-
-
-def _yaml_files(directory: Path) -> list[Path]:
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
-
-
-def _load_file(
-    path: Path, model: type[Model], shown: Callable[[Path], str], problems: list[Problem], required: bool = False
-) -> Model | None:
-    name = shown(path)
-    if not path.exists():
-        if required:
-            problems.append(Problem(name, "", "file not found"))
-        return None
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problems.append(Problem(name, "", f"invalid YAML{where}: {getattr(error, 'problem', error)}"))
-        return None
-    except FileNotFoundError:  # removed since the directory was listed
-        if required:
-            problems.append(Problem(name, "", "file not found"))
-        return None
-    except OSError as error:
-        problems.append(Problem(name, "", f"cannot read the file: {error.strerror}"))
-        return None
-    except UnicodeDecodeError as error:
-        problems.append(Problem(name, "", f"not UTF-8 text (byte {error.start})"))
-        return None
-    if not isinstance(document, dict):
-        problems.append(Problem(name, "", "must be a YAML mapping (one definition per file)"))
-        return None
-    env_problems: list[Problem] = []
-    document = _substitute_env(document, name, "", env_problems)
-    if env_problems:
-        problems.extend(env_problems)
-        return None
-    try:
-        return model.model_validate(document)
-    except ValidationError as error:
-        problems.extend(_problems_from(error, name))
-        return None
-
-
-def _substitute_env(value: Any, file: str, key: str, problems: list[Problem]) -> Any:
-    if isinstance(value, dict):
-        return {k: _substitute_env(v, file, _join(key, str(k)), problems) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_substitute_env(v, file, f"{key}[{i}]", problems) for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def replace(match: re.Match) -> str:
-        name, default = match.group(1), match.group(2)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
-            return default
-        problems.append(Problem(file, key, f"environment variable {name} is not set"))
-        return ""
-
-    return _ENV_REFERENCE.sub(replace, value)
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _key_path(location: tuple) -> str:
-    path = ""
-    for part in location:
-        path = f"{path}[{part}]" if isinstance(part, int) else _join(path, str(part))
-    return path
-
-
-def _problems_from(error: ValidationError, file: str) -> list[Problem]:
-    problems = []
-    for item in error.errors():
-        key = _key_path(item["loc"])
-        kind, context = item["type"], item.get("ctx") or {}
-        if kind == "extra_forbidden":
-            message = "unknown key"
-        elif kind == "missing":
-            message = "required key is missing"
-        elif kind in ("literal_error", "enum"):
-            message = f"must be one of {context.get('expected')}"
-        elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-            bound = f"{next(iter(context.values())):g}"
-            symbol = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
-            message = f"must be {symbol} {bound}"
-        else:
-            message = str(item["msg"]).removeprefix("Value error, ")
-        shown_input = item.get("input")
-        if isinstance(shown_input, (int, float)) and not isinstance(shown_input, bool) and not _secret(key):
-            message += f" (got {shown_input})"
-        problems.append(Problem(file, key, mask_secrets(message)))
-    return problems
-
-
-def _secret(key: str) -> bool:
-    return any(word in key.lower() for word in _SECRET_KEYS)
-
-
-def _check_topic(topic: Topic, conf_dir: Path, settings: HeraldSettings | None, file: str,
-                 schemas: dict[str, str]) -> list[Problem]:
-    """An AVRO topic needs a readable schema file or a schema registry; a JSON topic needs neither."""
-    import json
-
-    import fastavro
-
-    if topic.contentType is ContentType.JSON:
-        return [Problem(file, "schemaFile", "only AVRO topics have a schema")] if topic.schemaFile else []
-    if topic.schemaFile is None:
-        if settings is not None and settings.schemaRegistry is None:
-            return [Problem(file, "schemaFile", "an AVRO topic needs a schemaFile, or schemaRegistry.url in "
-                                                "herald.yaml")]
-        return []
-    path = (conf_dir / topic.schemaFile).resolve()
-    try:
-        text = path.read_text(encoding="utf-8")
-        fastavro.parse_schema(json.loads(text))
-    except OSError as error:
-        return [Problem(file, "schemaFile", f"cannot read {topic.schemaFile}: {error.strerror}")]
-    except (ValueError, fastavro.schema.SchemaParseException) as error:
-        return [Problem(file, "schemaFile", f"{topic.schemaFile} is not a valid Avro schema: {error}")]
-    schemas[topic.name] = text
-    return []
-
-
-_FILTER_FOR = {ContentType.JSON: "jsonpath", ContentType.AVRO: "avropath"}
-
-
-def _check_subscription(subscription: Subscription, topics: dict[str, Topic], file: str, notes: list[str],
-                        invalid_topics: dict[Path, str | None] | None = None,
-                        shown: Callable[[Path], str] = str) -> list[Problem]:
-    """Checks that need more than one file, or that name features not built yet.
-
-    invalid_topics: topic files left out (-> the topic name each names, None when unreadable); a subscription
-    of a topic left out gets a problem naming the topic's file."""
-    from herald.filters import check_rule
-
-    problems: list[Problem] = []
-    topic = topics.get(subscription.topicName)
-    invalid_topics = invalid_topics or {}
-    named = [shown(path) for path, name in invalid_topics.items() if name == subscription.topicName]
-    unnamed = [shown(path) for path, name in invalid_topics.items() if name is None]
-    if topic is None and named:
-        problems.append(Problem(file, "topicName", f"topic {subscription.topicName} is left out: its file "
-                                                   f"{', '.join(named)} is invalid"))
-    elif topic is None:
-        known = ", ".join(sorted(topics)) or "none"
-        maybe = f"; {', '.join(unnamed)}, which may define it, is invalid" if unnamed else ""
-        problems.append(Problem(file, "topicName", f"topic {subscription.topicName} is not defined in topics/ "
-                                                   f"(defined: {known}){maybe}"))
-    for key, value, planned in (
-        ("deliveryType", subscription.deliveryType, "SERIAL"),
-        ("mode", subscription.mode, "ANYCAST"),
-    ):
-        if value != planned:
-            problems.append(Problem(file, key, f"{value} is not supported yet (only {planned})"))
-    if topic is not None and subscription.contentType is ContentType.AVRO and topic.contentType is ContentType.JSON:
-        problems.append(Problem(file, "contentType", f"AVRO delivery needs an AVRO topic; {topic.name} is JSON"))
-    if subscription.trackingMode != "trackingOff":
-        notes.append(f"{file}: trackingMode {subscription.trackingMode}: message tracking is not implemented yet, "
-                     "so nothing is tracked (undelivered messages are still stored)")
-    for index, spec in enumerate(subscription.filters):
-        if topic is not None and spec.type != "header" and spec.type != _FILTER_FOR[topic.contentType]:
-            problems.append(Problem(file, f"filters[{index}].type", f"{topic.name} is a {topic.contentType.value} "
-                                    f"topic: filter it with {_FILTER_FOR[topic.contentType]} (filters run before any "
-                                    "conversion)"))
-        else:
-            notes.extend(f"{file}: filters[{index}]: {note}" for note in check_rule(spec.rule()))
-    return problems
-
-
-def filter_rules(subscription: Subscription) -> list:
-    """The subscription's filters as `herald.filters.FilterRule`s, in declaration order."""
-    return [spec.rule() for spec in subscription.filters]
