@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from herald import readout
 from herald.broker import EmbeddedBroker
 from herald.config import HeraldConfig, load_config
 
@@ -105,7 +106,6 @@ def _port(url: str, default: int) -> int:
 
 
 def run_demo(conf_dir: Path) -> int:
-    from herald import readout
     from herald.engine.runner import Runner
     from herald.publish import publish
 
@@ -129,9 +129,11 @@ def run_demo(conf_dir: Path) -> int:
             print(f"   {len(result.failed)} could not be published: {result.failed[0][1]}")
             return 1
         print("3. running the delivery job once over every ACTIVE subscription")
-        code = Runner(config).run(once=True)
+        runner = Runner(config)
+        code = runner.run(once=True)
+        runner.spark.stop()  # its Python workers keep Kafka consumers: stop them before the broker goes down
         _report(config, subscriber)
-        print(f"\nTables (Delta) under {storage / 'tables'}: undelivered, metrics, offsets")
+        print(f"\nTables (Delta) under {storage / 'tables'}: undelivered, metrics, offsets, retries")
         print(f"Read them with: herald undelivered --conf {conf_dir} ID --limit 5 | herald metrics ... | "
               f"herald offsets ...")
         return code
@@ -143,7 +145,6 @@ def run_demo(conf_dir: Path) -> int:
 
 
 def _report(config: HeraldConfig, subscriber: DemoSubscriber | None) -> None:
-    from herald import readout
 
     print("\nWhat happened:")
     for subscription in config.subscriptions:
