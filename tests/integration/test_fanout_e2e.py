@@ -5,7 +5,6 @@ Real broker, real Spark, real HTTP subscribers on 127.0.0.1, real Delta tables.
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -33,14 +32,17 @@ def by_path(sub: ScriptedSubscriber) -> dict[str, list]:
     return grouped
 
 
-def test_fifty_four_subscriptions_over_three_topics_share_one_query_per_topic(broker, spark, tmp_path):
-    topics = [f"scale.t{n}_{time.time_ns() % 10**8}" for n in range(3)]
+def test_sixty_subscriptions_over_eight_topics_share_one_query_per_topic(broker, spark, tmp_path):
+    """The issue's scale: 60 subscriptions over 8 topics in one --once on 2 cores, each getting exactly what its
+    filters pass (a plain path, and for some a wildcard with `any` as well)."""
+    topics = [f"scale.t{n}_{time.time_ns() % 10**8}" for n in range(8)]
     broker.create_topics({topic: 2 for topic in topics})
+    per_topic = {topic: 8 if index < 4 else 7 for index, topic in enumerate(topics)}  # 4 x 8 + 4 x 7 = 60
     with ScriptedSubscriber() as sub:
         layout = {}
-        for topic in topics:
+        for topic, count in per_topic.items():
             subscriptions = {}
-            for n in range(18):
+            for n in range(count):
                 filters = [{"type": "jsonpath", "path": "$.k", "matcher": str(n % 6)}]
                 if n % 3 == 0:
                     filters.append({"type": "jsonpath", "path": "$.tags[*]", "matcher": "hot",
@@ -53,11 +55,12 @@ def test_fifty_four_subscriptions_over_three_topics_share_one_query_per_topic(br
             produce(broker.bootstrap_servers, topic, documents)
         runner = Runner(load_config(conf), spark=spark)
         assert runner.run(once=True) == 0
-        assert len(runner.pipelines) == 3, "one query per topic, whatever the number of subscriptions"
+        assert len(runner.pipelines) == 8, "one query per topic, whatever the number of subscriptions"
+        assert sum(len(p.states) for p in runner.pipelines.values()) == 60
     received = by_path(sub)
     config = load_config(conf)
-    for topic in topics:
-        for n in range(18):
+    for topic, count in per_topic.items():
+        for n in range(count):
             expected = {d["i"] for d in documents if d["k"] == str(n % 6) and (n % 3 or "hot" in d["tags"])}
             got = [r.json()["i"] for r in received.get(f"/{topic}/s{n}", [])]
             assert sorted(got) == sorted(expected), f"{topic} s{n}"
