@@ -112,7 +112,6 @@ class Runner:
         resting = self._resting.pop(subscription.id, None)
         if resting is not None and resting.subscription.topicName == subscription.topicName:
             resting.subscription = subscription
-            resting.busy = False
             return resting
         positions = dict(self._stored.get((subscription.id, kafka_topic), {}))
         marks = partition_watermarks(self.context.client_config, [kafka_topic])[kafka_topic]

@@ -148,10 +148,10 @@ class TopicPipeline:
         finally:
             with self.lock:
                 self.apply(participants, results)
-                for participant in participants:
-                    if behind(participant.state.positions, {p: e for p, (_, e) in ranges.items()}):
-                        participant.state.catching_up = True
                 self.frontier = {p: e for p, (_, e) in ranges.items()}
+                for state in self.states.values():  # stopped early, or added (activated) during the batch
+                    if not state.busy and not state.catching_up and behind(state.positions, self.frontier):
+                        state.catching_up = True
                 self.batch_in_progress = False
         self.record(RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
                     possible_replay=self._replay_possible)
