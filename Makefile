@@ -26,6 +26,7 @@ demo: install
 	$(BIN)/herald demo --conf conf
 
 bench: install
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python tests/benchmarks/serial_throughput.py
 
 clean:

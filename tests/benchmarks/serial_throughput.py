@@ -10,9 +10,11 @@ What it does (prints figures, asserts nothing):
 2. Starts the embedded broker (noida-db) on a free port, creates one topic with 4 partitions and produces the
    same N JSON messages (~200 bytes, current timestamps) once, message i to partition i % 4 (--kafka-partitioner:
    the client's default partitioner instead, which fills keyless partitions very unequally).
-3. Runs, each in its own subprocess, in the order baseline, Herald (1 batch), baseline, Herald (4 batches),
-   baseline, so that every Herald run is bracketed by baseline runs and none gets a warm-cache advantage;
-   the baseline figure is the mean of the three.
+3. Runs, each in its own subprocess, in the order baseline, aiohttp, Herald (1 batch), baseline, aiohttp,
+   Herald (4 batches), baseline, aiohttp, so that every Herald run is bracketed by baseline runs and none
+   gets a warm-cache advantage; each baseline's figure is the mean of its three runs.
+   - aiohttp (what a strong engineer would write instead): the same consumer feeding aiohttp on asyncio,
+     one ClientSession with at most K connections, at most K messages unanswered.
    - baseline: confluent-kafka Consumer assigned to all partitions from offset 0, `consume()` in bulk, each
      message posted by a ThreadPoolExecutor(max_workers=K) with one keep-alive requests.Session per thread,
      at most K messages read and not yet answered (as Herald's inflightSize); the same headers Herald sends
@@ -501,6 +503,66 @@ def run_baseline(args) -> dict:
     }
 
 
+def run_aiohttp_baseline(args) -> dict:
+    """What a strong engineer would write instead: confluent-kafka feeding aiohttp on asyncio, one
+    ClientSession whose connector keeps at most K keep-alive connections, at most K messages unanswered."""
+    import asyncio
+
+    import aiohttp
+    from confluent_kafka import Consumer, TopicPartition
+
+    n, k = args.messages, args.inflight
+    state = {"ok": 0, "failed": 0, "last_ok": 0.0, "consumed": 0}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        room = asyncio.Semaphore(k)
+        finished = asyncio.Event()
+        consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": f"bench-aiohttp-{uuid.uuid4()}",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition(args.topic, p, 0) for p in range(PARTITIONS)])
+        connector = aiohttp.TCPConnector(limit=k, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=10)
+
+        async def post(session, value: bytes, message_id: str) -> None:
+            try:
+                async with session.post(args.url, data=value, headers={
+                        "Content-Type": "application/json", "Hermes-Message-Id": message_id,
+                        "Hermes-Retry-Count": "0"}) as answer:
+                    await answer.read()
+                    ok = 200 <= answer.status < 300
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            finally:
+                room.release()
+            if ok:
+                state["ok"] += 1
+                state["last_ok"] = time.perf_counter()
+            else:
+                state["failed"] += 1
+            if state["ok"] + state["failed"] >= n:
+                finished.set()
+
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            while state["consumed"] < n:
+                messages = await loop.run_in_executor(None, consumer.consume, 1000, 1.0)
+                for message in messages:
+                    if message.error() is not None:
+                        continue
+                    message_id = str(uuid.uuid5(MESSAGE_ID_NAMESPACE,
+                                                f"{message.topic()}/{message.partition()}/{message.offset()}"))
+                    await room.acquire()
+                    asyncio.ensure_future(post(session, message.value(), message_id))
+                    state["consumed"] += 1
+            await asyncio.wait_for(finished.wait(), 600)
+        consumer.close()
+
+    started = time.perf_counter()
+    asyncio.run(main())
+    return {"seconds": state["last_ok"] - started, "delivered": state["ok"], "failed": state["failed"],
+            "consumed": state["consumed"]}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Role: Herald (a subprocess)
 # ---------------------------------------------------------------------------------------------------------
@@ -509,8 +571,8 @@ def run_herald(args) -> dict:
     from datetime import timezone
 
     from herald.config.loader import load_config
-    from herald.engine import query as query_module
     from herald.engine.runner import Runner
+    from herald.engine.topic import TopicPipeline
     from herald.engine.session import get_or_create_session
     from herald.storage import DeltaRsStore
     from herald.storage.tables import METRICS
@@ -533,9 +595,10 @@ def run_herald(args) -> dict:
     )
     config = load_config(conf)
 
-    # Timing only (no behaviour change): how long each foreachBatch call and its table writes take.
+    # Timing only (no behaviour change): how long each foreachBatch call takes (the table writes happen on
+    # the writer thread, beside the next batch).
     batch_times: list[dict] = []
-    handle_batch, store = query_module.SubscriptionStream.handle_batch, query_module.SubscriptionStream._store
+    handle_batch = TopicPipeline.handle_batch
 
     def timed_handle_batch(self, batch_df, batch_id):
         began = time.perf_counter()
@@ -543,14 +606,7 @@ def run_herald(args) -> dict:
         batch_times.append({"batch_id": batch_id, "start": began - run_started,
                             "handle_s": time.perf_counter() - began})
 
-    def timed_store(self, summary, batch_id):
-        began = time.perf_counter()
-        store(self, summary, batch_id)
-        batch_times_store[batch_id] = time.perf_counter() - began
-
-    batch_times_store: dict[int, float] = {}
-    query_module.SubscriptionStream.handle_batch = timed_handle_batch
-    query_module.SubscriptionStream._store = timed_store
+    TopicPipeline.handle_batch = timed_handle_batch
 
     runner = Runner(config, spark=spark)
     run_started = time.perf_counter()
@@ -558,16 +614,15 @@ def run_herald(args) -> dict:
     code = runner.run(once=True)
     run_s = time.perf_counter() - run_started
 
-    stream = runner.streams[0]
+    stream = next(iter(runner.pipelines.values()))
     progress = []
     for item in stream.query.recentProgress:
         item = item if isinstance(item, dict) else json.loads(item.json)
         progress.append({"batch_id": item.get("batchId"), "rows": item.get("numInputRows"),
                          "duration_ms": item.get("durationMs", {})})
-    for entry in batch_times:
-        entry["store_s"] = batch_times_store.get(entry["batch_id"], 0.0)
 
-    rows = DeltaRsStore(config.storage_path).read(METRICS, config.subscriptions[0].id).to_pylist()
+    rows = [row for row in DeltaRsStore(config.storage_path).read(METRICS, config.subscriptions[0].id).to_pylist()
+            if row["kind"] == "stream" and row["read"]]
     rows.sort(key=lambda row: row["batch_id"])
     metrics = []
     def epoch_ms(value):
@@ -692,10 +747,37 @@ def report(args, sink, runs: list[dict], produce_s: float) -> None:
         print(f"{'baseline mean':<22}{'':>10}{'':>10}{base_s:>9.2f}{n / base_s:>8.0f}{'':>13}"
               f"{mib(max(r['peak_rss'] for r in baselines)):>11}{mib(max(r['peak_pss'] for r in baselines)):>11}"
               f"   (runs: {each} s; memory: the largest)")
+    aiohttps = [r for r in ok if r["role"] == "aiohttp"]
+    aio_s = statistics.mean(r["seconds"] for r in aiohttps) if aiohttps else float("nan")
+    if aiohttps:
+        each = ", ".join(f"{r['seconds']:.2f}" for r in aiohttps)
+        print(f"{'aiohttp mean':<22}{'':>10}{'':>10}{aio_s:>9.2f}{n / aio_s:>8.0f}{'':>13}"
+              f"{mib(max(r['peak_rss'] for r in aiohttps)):>11}{mib(max(r['peak_pss'] for r in aiohttps)):>11}"
+              f"   (runs: {each} s)")
     for r in heralds:
         ratio = r["seconds"] / base_s
         print(f"{r['label']:<22} Herald/baseline: {ratio:.2f}x the time, {1 / ratio:.2f}x the throughput"
               f" (excluding SparkSession startup of {r['session_s']:.1f} s)")
+        if aiohttps:
+            ratio = r["seconds"] / aio_s
+            print(f"{r['label']:<22} Herald/aiohttp baseline: {ratio:.2f}x the time, {1 / ratio:.2f}x the throughput"
+                  f" (excluding SparkSession startup)")
+        with_startup = r["seconds"] + r["session_s"]
+        print(f"{r['label']:<22} with SparkSession startup included: {with_startup:.2f} s, "
+              f"{base_s / with_startup:.2f}x the requests baseline's throughput"
+              + (f", {aio_s / with_startup:.2f}x the aiohttp baseline's" if aiohttps else ""))
+    print()
+    print("per CPU (messages per CPU-second of the run's whole process tree, start-up included; nginx excluded):")
+    for r in ok:
+        if r.get("tree_cpu_s"):
+            print(f"  {r['label']:<22}{n / r['tree_cpu_s']:>9,.0f} msg per CPU-s  ({r['tree_cpu_s']:.1f} CPU-s)")
+    for r in heralds:
+        in_tasks = sum(m["tasks_s"] or 0 for m in r["batches"])
+        cores = min(os.cpu_count() or 1, PARTITIONS)
+        if in_tasks:
+            rate = r["delivered"] / in_tasks
+            print(f"  {r['label']:<22} in the delivery tasks: {rate:,.0f} msg/s on {cores} cores, "
+                  f"{rate / cores:,.0f} msg/s per core (target >= 10,000)")
     print()
     print("seconds    baseline: creating the Kafka consumer .. the N-th 2xx answer.")
     print("           Herald: Runner(...).run(once=True) called .. returned; the SparkSession was created before "
@@ -730,7 +812,7 @@ def report(args, sink, runs: list[dict], produce_s: float) -> None:
         fbs = {entry["batch_id"]: entry for entry in r["foreach_batch"]}
         metrics = {entry["batch_id"]: entry for entry in r["batches"]}
         print(f"  {'batch':>5}{'rows':>7}{'trigger':>9}{'latestOffset':>13}{'planning':>9}{'addBatch':>9}"
-              f"{'walCommit':>10}{'commit':>8}{'foreachBatch':>13}{'tables':>8}{'to tasks':>9}{'in tasks':>9}"
+              f"{'walCommit':>10}{'commit':>8}{'foreachBatch':>13}{'to tasks':>9}{'in tasks':>9}"
               f"{'msg/s in tasks':>15}")
         for progress in r["progress"]:
             d = progress["duration_ms"]
@@ -742,7 +824,7 @@ def report(args, sink, runs: list[dict], produce_s: float) -> None:
                   f"{d.get('latestOffset', 0) / 1000:>13.2f}{d.get('queryPlanning', 0) / 1000:>9.2f}"
                   f"{d.get('addBatch', 0) / 1000:>9.2f}{d.get('walCommit', 0) / 1000:>10.2f}"
                   f"{d.get('commitOffsets', 0) / 1000:>8.2f}{_fmt(fb.get('handle_s'), '.2f', 13)}"
-                  f"{_fmt(fb.get('store_s'), '.2f', 8)}{_fmt(to_tasks, '.2f', 9)}{_fmt(tasks_s, '.2f', 9)}"
+                  f"{_fmt(to_tasks, '.2f', 9)}{_fmt(tasks_s, '.2f', 9)}"
                   f"{_fmt(m.get('delivered', 0) / tasks_s if tasks_s else None, '.0f', 15)}")
         in_tasks = sum(m["tasks_s"] or 0 for m in r["batches"])
         first_fb = r["foreach_batch"][0]["start"] if r["foreach_batch"] else float("nan")
@@ -758,7 +840,7 @@ def report(args, sink, runs: list[dict], produce_s: float) -> None:
         print()
         print("  columns (s): trigger..commit = Spark's StreamingQueryProgress.durationMs (triggerExecution, "
               "latestOffset, queryPlanning, addBatch, walCommit, commitOffsets); foreachBatch = Herald's "
-              "handle_batch; tables = its Delta writes; to tasks = foreachBatch call .. first task's sender "
+              "handle_batch (TopicPipeline); to tasks = foreachBatch call .. first task's sender "
               "started; in tasks = first task start .. last task end (as the tasks report it in the metrics table).")
     print("=" * 100)
 
@@ -786,10 +868,13 @@ def orchestrate(args) -> None:
 
         n = args.messages
         plan = [("baseline", [], "baseline #1"),
+                ("aiohttp", [], "aiohttp #1"),
                 ("herald", ["--max-offsets", str(n)], "herald 1 batch"),
                 ("baseline", [], "baseline #2"),
+                ("aiohttp", [], "aiohttp #2"),
                 ("herald", ["--max-offsets", str(max(1, n // 4))], "herald 4 batches"),
-                ("baseline", [], "baseline #3")]
+                ("baseline", [], "baseline #3"),
+                ("aiohttp", [], "aiohttp #3")]
         runs = []
         for role, extra, label in plan:
             if role == "herald":
@@ -818,7 +903,8 @@ def main() -> None:
                         "partitioner (sticky: partitions of very unequal size) instead of message i to partition i %% 4")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (conf, logs, tables)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
-    parser.add_argument("--role", default="orchestrate", choices=["orchestrate", "baseline", "herald", "pysink"],
+    parser.add_argument("--role", default="orchestrate",
+                        choices=["orchestrate", "baseline", "aiohttp", "herald", "pysink"],
                         help=argparse.SUPPRESS)
     for internal in ("--bootstrap", "--topic", "--url", "--result", "--workdir"):
         parser.add_argument(internal, help=argparse.SUPPRESS)
@@ -831,7 +917,7 @@ def main() -> None:
     elif args.role == "pysink":
         python_sink(args.port)
     else:
-        result = run_baseline(args) if args.role == "baseline" else run_herald(args)
+        result = {"baseline": run_baseline, "aiohttp": run_aiohttp_baseline, "herald": run_herald}[args.role](args)
         Path(args.result).write_text(json.dumps(result, default=str))
 
 
