@@ -237,6 +237,14 @@ def cmd_demo(args) -> int:
     return run_demo(Path(args.conf))
 
 
+def cmd_schema(args) -> int:
+    from herald.config.schemas import write_schemas
+
+    for path in write_schemas(Path(args.out)):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="herald", description="Push delivery from Kafka to HTTP subscribers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -287,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--timeout", type=float, default=10.0, help="producer delivery timeout per round, s")
 
     command("demo", cmd_demo, "broker, demo subscriber, sample events and one delivery run, then a report")
+
+    schema = commands.add_parser("schema", help="write JSON Schemas of the configuration files, for editors",
+                                 description="write JSON Schemas of herald.yaml, topic and subscription files "
+                                             "(generated from Herald's config models), for YAML editors")
+    schema.add_argument("--out", default="conf/schemas", help="directory to write them to (default: conf/schemas)")
+    schema.set_defaults(handler=cmd_schema)
     return parser
 
 
