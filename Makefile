@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit demo bench clean
+.PHONY: install test unit demo bench dist clean
 
 install: $(STAMP)
 
@@ -29,5 +29,9 @@ bench: install
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python tests/benchmarks/serial_throughput.py
 
+dist: install
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/*.whl
+
 clean:
-	rm -rf $(VENV) .herald build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .herald build dist src/*.egg-info .pytest_cache

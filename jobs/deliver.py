@@ -2,13 +2,17 @@
 
     spark-submit --master local[2] jobs/deliver.py --conf conf [--once] [--subscription ID ...]
 
-On a cluster, install Herald on the driver and executors (a wheel, or `--py-files`); Spark's kafka connector
-and Delta jars are used when they are on the classpath (`--packages`).
+On a cluster, Herald must be importable on the driver and the executors: install its wheel (`make dist`) with
+its dependencies, or install the dependencies and ship the wheel with `--py-files dist/herald-*.whl`. Spark's
+kafka connector and Delta jars are used when they are on the classpath (`--packages`). The first line on
+stderr says which Herald runs and where it was loaded from.
 """
 
 import sys
 
+import herald
 from herald.cli import main
 
 if __name__ == "__main__":
+    print(f"herald {herald.__version__} from {herald.__file__}", file=sys.stderr, flush=True)
     sys.exit(main(["run", *sys.argv[1:]]))
