@@ -135,6 +135,28 @@ def cmd_offsets(args) -> int:
     return 0
 
 
+def cmd_maintain(args) -> int:
+    from dataclasses import asdict
+
+    from herald.storage import DeltaRsStore
+    from herald.storage.maintenance import maintain_tables
+
+    try:
+        config = load_config_lenient(Path(args.conf)).config  # only herald.yaml matters here
+    except ConfigError as error:
+        _refuse(args.conf, error)
+    settings = config.settings.storage
+    hours = args.retention_hours if args.retention_hours is not None else settings.maintenanceRetentionHours
+    results = maintain_tables(DeltaRsStore(config.storage_path, settings.options or None), hours)
+    if args.json:
+        print(json.dumps([asdict(result) for result in results], indent=2))
+        return 0
+    for result in results:
+        print(f"{result.table:>12}  {result.files_before} file(s) -> {result.files_after}: {result.files_removed} "
+              f"compacted into {result.files_added}, {result.files_deleted} deleted (older than {hours:g} h)")
+    return 0
+
+
 def _broker_for(args):
     from herald.broker import DEFAULT_PORT, EmbeddedBroker
 
@@ -293,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--file", help="a file with one JSON message per line")
     publish.add_argument("--retries", type=int, default=3, help="rounds of retries for failed messages")
     publish.add_argument("--timeout", type=float, default=10.0, help="producer delivery timeout per round, s")
+
+    maintain = command("maintain", cmd_maintain, "compact the tables and delete files no recent version needs")
+    maintain.add_argument("--retention-hours", type=float, metavar="H",
+                          help="delete unreferenced files older than H hours (default: "
+                               "storage.maintenanceRetentionHours, 168)")
+    maintain.add_argument("--json", action="store_true")
 
     command("demo", cmd_demo, "broker, demo subscriber, sample events and one delivery run, then a report")
 

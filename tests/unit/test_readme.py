@@ -32,7 +32,7 @@ def number(value) -> str:
 
 
 def limits_of(model: type[BaseModel], name: str) -> str:
-    """Pydantic bounds as the README writes them: `a .. b`, `a .. <b`, `> a .. < b`, `>= a`, `> a`."""
+    """Pydantic bounds as the README writes them: `a .. b`, `a .. <b`, `> a .. b`, `> a .. < b`, `>= a`, `> a`."""
     bounds = {}
     for item in model.model_fields[name].metadata:
         for kind, symbol in ((at.Ge, ">="), (at.Gt, ">"), (at.Le, "<="), (at.Lt, "<")):
@@ -49,7 +49,7 @@ def limits_of(model: type[BaseModel], name: str) -> str:
     low = f"{number(bounds['>='])}" if ">=" in bounds else f"> {number(bounds['>'])}" if ">" in bounds else None
     high = f"{number(bounds['<='])}" if "<=" in bounds else f"<{number(bounds['<'])}" if "<" in bounds else None
     if low is not None and high is not None:
-        return f"{low} .. {high}" if ">=" in bounds else f"{low} .. < {high.lstrip('<')}"
+        return f"{low} .. {high}" if ">=" in bounds or "<=" in bounds else f"{low} .. < {high.lstrip('<')}"
     if low is not None:
         return f">= {low}" if ">=" in bounds else low
     return f"<= {high}" if high else ""

@@ -38,9 +38,15 @@ class KafkaSettings(Strict):
 
 
 class StorageSettings(Strict):
+    """maintenanceIntervalHours: hours between two compactions of the tables in a running job (None: never;
+    `herald maintain` does it on demand). maintenanceRetentionHours: how old an unreferenced file must be before
+    it is deleted."""
+
     path: str
     engine: Literal["auto", "spark", "deltalake"] = "auto"
     options: dict[str, str] = Field(default_factory=dict)  # object-store options for deltalake; never logged
+    maintenanceIntervalHours: Annotated[float, Field(gt=0, le=8760)] | None = None
+    maintenanceRetentionHours: Annotated[float, Field(ge=0, le=87600)] = 168
 
 
 class StreamingSettings(Strict):

@@ -52,6 +52,7 @@ class Runner:
         self._resting: dict[str, SubscriptionState] = {}  # suspended or removed while running
         self._lock = threading.RLock()  # the set of pipelines (the watcher changes it)
         self.watcher = None
+        self.maintenance = None
         self._started_ms = 0
 
     # -- starting ---------------------------------------------------------------------------------------------
@@ -77,6 +78,12 @@ class Runner:
             by_topic.setdefault(subscription.topicName, []).append(subscription)
         for topic_name, subscriptions in by_topic.items():
             self.start_topic(topic_name, subscriptions)
+        if not once and settings.storage.maintenanceIntervalHours:
+            from herald.storage.maintenance import PeriodicMaintenance
+
+            self.maintenance = PeriodicMaintenance(store, settings.storage.maintenanceIntervalHours,
+                                                   settings.storage.maintenanceRetentionHours)
+            self.maintenance.start()
         if not once:
             from herald.engine.watcher import ConfWatcher
 
@@ -244,6 +251,8 @@ class Runner:
         deadline = time.monotonic() + grace_s
         if self.watcher is not None:
             self.watcher.stop()
+        if self.maintenance is not None:
+            self.maintenance.stop()
         for pipeline in self.pipelines.values():
             query = pipeline.query
             while (query is not None and query.isActive and query.status.get("isTriggerActive")

@@ -71,6 +71,23 @@ class TableStore(ABC):
     def storage_options(self) -> dict[str, str] | None:
         return None
 
+    @abstractmethod
+    def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
+        """Compact `table`'s small files and delete the files no version younger than `retention_hours` needs."""
+
+
+@dataclass(frozen=True)
+class TableUpkeep:
+    """What one maintenance pass did to a table: files compacted away and written, files deleted, and the
+    table's data files before and after (None where the engine does not say)."""
+
+    table: str
+    files_removed: int
+    files_added: int
+    files_deleted: int
+    files_before: int | None = None
+    files_after: int | None = None
+
 
 def _conform(table: str, rows: pa.Table) -> pa.Table:
     schema = SCHEMAS[table]
@@ -126,6 +143,24 @@ class DeltaRsStore(TableStore):
 
         commit()
 
+    def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
+        """delta-rs `optimize.compact()` then `vacuum()`; the retention may be shorter than Delta's 7-day default
+        (nothing reads old versions of Herald's tables but time travel)."""
+        from deltalake import DeltaTable
+
+        path = self.path(table)
+        if not DeltaTable.is_deltatable(path, storage_options=self._options):
+            return TableUpkeep(table, 0, 0, 0, 0, 0)
+        current = DeltaTable(path, storage_options=self._options)
+        before = len(current.file_uris())
+        compacted = current.optimize.compact()
+        current = DeltaTable(path, storage_options=self._options)
+        deleted = current.vacuum(retention_hours=max(0, round(retention_hours)), dry_run=False,
+                                 enforce_retention_duration=False)
+        current.cleanup_metadata()
+        return TableUpkeep(table, int(compacted.get("numFilesRemoved", 0)), int(compacted.get("numFilesAdded", 0)),
+                           len(deleted), before, len(DeltaTable(path, storage_options=self._options).file_uris()))
+
     @staticmethod
     def read_table(path: str, table: str, subscription_id: str | None, options: dict[str, str] | None) -> pa.Table:
         """All rows, or one subscription's, with every declared column (null where an older table lacks it)."""
@@ -161,6 +196,27 @@ class SparkDeltaStore(TableStore):
         frame = self.spark.createDataFrame(_conform(table, rows))
         (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
          .option("mergeSchema", "true").save(self.path(table)))
+
+    def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
+        """`OPTIMIZE` then `VACUUM ... RETAIN n HOURS` (with Delta's retention check off for this statement when
+        n is under its 168-hour default)."""
+        from pyspark.errors import AnalysisException
+
+        target = f"delta.`{self.path(table)}`"
+        try:
+            optimized = self.spark.sql(f"OPTIMIZE {target}").collect()
+        except AnalysisException:  # no table yet
+            return TableUpkeep(table, 0, 0, 0)
+        metrics = optimized[0]["metrics"] if optimized else None
+        check = "spark.databricks.delta.retentionDurationCheck.enabled"
+        previous = self.spark.conf.get(check, "true")
+        self.spark.conf.set(check, "false")
+        try:
+            deleted = self.spark.sql(f"VACUUM {target} RETAIN {max(0, round(retention_hours))} HOURS").count()
+        finally:
+            self.spark.conf.set(check, previous)
+        return TableUpkeep(table, int(metrics["numFilesRemoved"]) if metrics else 0,
+                           int(metrics["numFilesAdded"]) if metrics else 0, deleted)
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         from pyspark.sql import functions as F

@@ -1,0 +1,57 @@
+"""Table upkeep: compact small files and delete unreferenced ones, on demand (`herald maintain`) or every
+`storage.maintenanceIntervalHours` in a running job.
+
+Every round writes a few small files (a slice per table), so a job that runs for a day leaves tens of
+thousands of them; compaction rewrites them into a few and vacuum deletes those no version younger than the
+retention needs. Both run beside the writers: delta-rs and Delta commit them with conflict checks, and a
+pass that loses a race is simply tried again next time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from herald.storage.store import TableStore, TableUpkeep
+from herald.storage.tables import SCHEMAS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION_HOURS = 168.0
+"""Delta's own default: a reader may still time-travel a week back."""
+
+
+def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS) -> list[TableUpkeep]:
+    """One pass over every Herald table; a table whose pass fails is logged and skipped."""
+    results = []
+    for table in SCHEMAS:
+        try:
+            results.append(store.maintain(table, retention_hours))
+        except Exception:  # noqa: BLE001 - one table's failure (e.g. a commit race) must not stop the others
+            log.warning("maintenance of table %s failed; it is tried again next time", table, exc_info=True)
+    return results
+
+
+class PeriodicMaintenance:
+    """Runs `maintain_tables` every `interval_hours` on a thread of its own until stopped."""
+
+    def __init__(self, store: TableStore, interval_hours: float,
+                 retention_hours: float = DEFAULT_RETENTION_HOURS) -> None:
+        self.store = store
+        self.interval_s = interval_hours * 3600
+        self.retention_hours = retention_hours
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="herald-table-maintenance", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for upkeep in maintain_tables(self.store, self.retention_hours):
+                log.info("table %s: %d file(s) compacted into %d, %d deleted", upkeep.table, upkeep.files_removed,
+                         upkeep.files_added, upkeep.files_deleted)
