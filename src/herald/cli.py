@@ -122,16 +122,70 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_offsets(args) -> int:
-    from herald.readout import offsets
+    from herald.readout import last_retransmission, offsets
 
     config, subscription = _load_lenient(args.conf, args.id)
     rows = offsets(config, subscription)
+    last = last_retransmission(config, subscription)
     if args.json:
         print(json.dumps(rows, indent=2))
     elif rows:
         _print_rows(rows, ["topic", "partition", "offset", "batchId", "committedAt"])
     else:
         print(f"{args.id}: no offsets yet (the subscription has not run)")
+    if last is not None and not args.json:
+        moved = ", ".join(f"{p['partition']}: {p['from']} -> {p['to']}" for p in last["partitions"])
+        print(f"last retransmission: from {_iso(last['date'])}, asked by {last['requestedBy']} at "
+              f"{_iso(last['recordedAt'])}; partition {moved}")
+    return 0
+
+
+def _iso(epoch_ms: int | None) -> str:
+    import datetime as dt
+
+    if epoch_ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def cmd_retransmit(args) -> int:
+    from herald.engine.moves import MoveError, parse_date, plan_move, record_move
+    from herald.source.kafka_offsets import KafkaOffsetsError
+    from herald.storage import DeltaRsStore
+    from herald.storage.tables import epoch_ms
+
+    config, subscription = _load_lenient(args.conf, args.id)
+    try:
+        date = parse_date(args.date)
+    except MoveError as error:
+        print(f"{args.id}: {error}", file=sys.stderr)
+        return 2
+    kafka = config.settings.kafka
+    kafka_topic = config.topic_of(subscription).kafka_topic
+    store = DeltaRsStore(config.storage_path, config.settings.storage.options or None)
+    from herald.engine.state import stored_positions
+
+    current = stored_positions(store).get((subscription.id, kafka_topic), {})
+    try:
+        move = plan_move({"bootstrap.servers": kafka.bootstrapServers, **kafka.properties}, subscription.id,
+                         kafka_topic, current, date)
+    except KafkaOffsetsError as error:
+        print(f"{args.id}: {error}", file=sys.stderr)
+        return 1
+    if not args.dry_run:
+        record_move(store, move)
+    partitions = [{"partition": p, "from": current.get(p), "to": offset} for p, offset in sorted(move.to_offsets.items())]
+    if args.json:
+        print(json.dumps({"subscription": subscription.id, "topic": kafka_topic, "date": epoch_ms(date),
+                          "dryRun": args.dry_run, "partitions": partitions}, indent=2))
+        return 0
+    verb = "would move" if args.dry_run else "moved"
+    print(f"{subscription.id} {verb} to the first messages at or after {date.isoformat()}"
+          f"{' (dry run: nothing changed)' if args.dry_run else ''}:")
+    _print_rows(partitions, ["partition", "from", "to"])
+    if not args.dry_run:
+        print("a running `herald run` picks the move up within streaming.configPollMs; otherwise the next run "
+              "(or the activation of a suspended subscription) delivers from there")
     return 0
 
 
@@ -316,6 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--retries", type=int, default=3, help="rounds of retries for failed messages")
     publish.add_argument("--timeout", type=float, default=10.0, help="producer delivery timeout per round, s")
 
+    retransmit = command("retransmit", cmd_retransmit, "deliver a subscription's messages again from a date "
+                                                      "(moves its position; running or suspended alike)")
+    retransmit.add_argument("id", help="subscription id: group.topic.name")
+    retransmit.add_argument("--date", required=True, help="ISO-8601 (UTC without an offset) or -30m / -6h / -2d")
+    retransmit.add_argument("--dry-run", action="store_true", help="print the offsets per partition, change nothing")
+    retransmit.add_argument("--json", action="store_true")
+
     maintain = command("maintain", cmd_maintain, "compact the tables and delete files no recent version needs")
     maintain.add_argument("--retention-hours", type=float, metavar="H",
                           help="delete unreferenced files older than H hours (default: "
@@ -332,8 +393,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_relative_dates(argv: list[str]) -> list[str]:
+    """`--date -6h` as `--date=-6h`: argparse would take the relative date for an option."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and joined[-1] == "--date" and arg.startswith("-"):
+            joined[-1] = f"--date={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_join_relative_dates(sys.argv[1:] if argv is None else argv))
     logs.configure(args.verbose)
     return args.handler(args)
 

@@ -106,3 +106,21 @@ def offsets(config: HeraldConfig, subscription: Subscription) -> list[dict[str, 
         }
         for _, row in sorted(latest.items())
     ]
+
+
+def last_retransmission(config: HeraldConfig, subscription: Subscription) -> dict[str, Any] | None:
+    """The subscription's last retransmission (who, when, from which offsets to which), or None."""
+    from herald.storage.tables import RETRANSMISSIONS
+
+    rows = _store(config).read(RETRANSMISSIONS, subscription.id).to_pylist()
+    if not rows:
+        return None
+    last = max(row["batch_id"] for row in rows)
+    mine = sorted((row for row in rows if row["batch_id"] == last), key=lambda row: row["partition"])
+    return {
+        "date": _epoch_ms(mine[0]["requested_date"]),
+        "requestedBy": mine[0]["requested_by"],
+        "recordedAt": _epoch_ms(mine[0]["recorded_at"]),
+        "partitions": [{"topic": row["topic"], "partition": row["partition"], "from": row["from_offset"],
+                        "to": row["to_offset"]} for row in mine],
+    }

@@ -53,6 +53,7 @@ class Runner:
         self._lock = threading.RLock()  # the set of pipelines (the watcher changes it)
         self.watcher = None
         self.maintenance = None
+        self.moves = None
         self._started_ms = 0
 
     # -- starting ---------------------------------------------------------------------------------------------
@@ -85,11 +86,31 @@ class Runner:
                                                    settings.storage.maintenanceRetentionHours)
             self.maintenance.start()
         if not once:
+            from herald.engine.moves import MoveWatcher
             from herald.engine.watcher import ConfWatcher
+
+            self.moves = MoveWatcher(store, self.apply_move, settings.streaming.config_poll_s, now_ms())
+            self.moves.start()
 
             self.watcher = ConfWatcher(self.config.conf_dir, self.config, self.apply,
                                        self.config.settings.streaming.config_poll_s)
             self.watcher.start()
+
+    def apply_move(self, move) -> None:
+        """An operator moved a subscription's position (`herald retransmit`): move it here too, running,
+        suspended or not yet seen."""
+        with self._lock:
+            pipelines = list(self.pipelines.values())
+            for pipeline in pipelines:
+                if pipeline.move(move.subscription, move):
+                    return
+            resting = self._resting.get(move.subscription)
+            if resting is not None:
+                resting.positions.update(move.to_offsets)
+                resting.carried = {}
+            self._stored[(move.subscription, move.kafka_topic)] = {
+                **self._stored.get((move.subscription, move.kafka_topic), {}), **move.to_offsets}
+        log.info("%s (not delivered now) moved to %s", move.subscription, move.to_offsets)
 
     def live_state(self, subscription_id: str):
         """(topic lock, state) of a running subscription, or None."""
@@ -253,6 +274,8 @@ class Runner:
             self.watcher.stop()
         if self.maintenance is not None:
             self.maintenance.stop()
+        if self.moves is not None:
+            self.moves.stop()
         for pipeline in self.pipelines.values():
             query = pipeline.query
             while (query is not None and query.isActive and query.status.get("isTriggerActive")

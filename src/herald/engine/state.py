@@ -28,6 +28,7 @@ class SubscriptionState:
         reads it next to continue from (attempts and TTL go on).
     catching_up: behind the topic's shared query: its own rounds deliver it until it reaches the query.
     busy: a round is delivering it now.
+    pending_move: an operator's move (retransmission) to apply once that round is over.
     """
 
     subscription: Subscription
@@ -37,6 +38,7 @@ class SubscriptionState:
     catching_up: bool = False
     busy: bool = False
     last_served_s: float = 0.0
+    pending_move: object = None  # a herald.engine.moves.Move asked for while a round delivered it
 
     @property
     def id(self) -> str:

@@ -23,6 +23,7 @@ from herald.config import Subscription
 from herald.config.model import Topic
 from herald.delivery.plan import TaskPlan
 from herald.engine import checkpoint as checkpoints
+from herald.engine import moves
 from herald.engine.context import EngineContext, now_ms
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
@@ -33,6 +34,7 @@ from herald.engine.state import SubscriptionState
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import open_kafka_stream
 from herald.storage import Slice
+from herald.storage.tables import OFFSETS
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class TopicPipeline:
         self.states: dict[str, SubscriptionState] = {state.id: state for state in states}
         self.frontier: dict[int, int] | None = None  # where the shared query is: the end of its last batch
         self.batch_in_progress = False
+        self._moved: list = []  # moves applied, whose positions are written after the round's rows
         self.query = None
         self.checkpoint = checkpoint_location(context.config.storage_path, self.kafka_topic)
         self._first_start: dict[int, int] | None = None
@@ -73,6 +76,39 @@ class TopicPipeline:
         """Stop delivering a subscription (suspended or deleted); a round delivering it now finishes first."""
         with self.lock:
             return self.states.pop(subscription_id, None)
+
+    def move(self, subscription_id: str, move) -> bool:
+        """Move a subscription's position (a retransmission); at once when no round delivers it, else when
+        its round is over. False when the subscription is not here."""
+        with self.lock:
+            state = self.states.get(subscription_id)
+            if state is None:
+                return False
+            if state.busy:
+                state.pending_move = move
+            else:
+                self._move(state, move)
+        self.flush_moves()
+        return True
+
+    def _move(self, state: SubscriptionState, move) -> None:
+        """(lock held) The state moves; its retry states are dropped (the messages are delivered again as new),
+        and it catches up when the move put it behind the query. Its rows are written by `flush_moves`."""
+        state.positions.update(move.to_offsets)
+        state.carried = {}
+        state.pending_move = None
+        state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
+        self._moved.append(move)
+        log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
+
+    def flush_moves(self) -> None:
+        """Write the positions of the moves applied since the last call, after the rounds' own rows."""
+        with self.lock:
+            moved, self._moved = self._moved, []
+        for move in moved:
+            self.context.writer.submit(Slice(move.writer, move.move_id), [(OFFSETS, moves.position_rows(move))])
+        if moved and self.catchup is not None:
+            self.catchup.wake()
 
     def update(self, subscription: Subscription) -> None:
         """A new version of a subscription's file: its next round uses it."""
@@ -156,6 +192,7 @@ class TopicPipeline:
         self.record(RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
                     possible_replay=self._replay_possible)
         self._replay_possible = False
+        self.flush_moves()
         if self.catchup is not None:
             self.catchup.wake()
         counted = sum(r.counters.delivered for r in results), sum(r.counters.discarded for r in results)
@@ -211,6 +248,9 @@ class TopicPipeline:
             state.carried = state.live_carried()
             if result.parked:
                 self.context.retries.park(state.subscription, self.kafka_topic, result.parked)
+        for participant in participants:  # a move asked for during the round supersedes its positions
+            if participant.state.pending_move is not None:
+                self._move(participant.state, participant.state.pending_move)
 
     def record(self, result: RoundResult, possible_replay: bool) -> None:
         """Hand the round's rows to the table writer. Empty tables are skipped, unless the round may replay an

@@ -177,6 +177,20 @@ class OffsetClient:
             result[topic] = marks
         return result
 
+    def offsets_for_time(self, topic: str, epoch_ms: int) -> dict[int, int]:
+        """Per partition of `topic`, the first offset whose timestamp is at or after `epoch_ms`, or the end
+        offset (high watermark) when there is none."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        marks = self.watermarks([topic])[topic]
+        try:
+            found = self._require().offsets_for_times([TopicPartition(topic, p, epoch_ms) for p in marks],
+                                                      timeout=self._timeout_s)
+        except KafkaException as error:
+            raise KafkaOffsetsError(f"could not look up offsets by time in {topic} on {self._bootstrap}: "
+                                    f"{error}") from error
+        return {item.partition: item.offset if item.offset >= 0 else marks[item.partition][1] for item in found}
+
     def _require(self):
         if self._consumer is None:
             raise KafkaOffsetsError("OffsetClient is closed")

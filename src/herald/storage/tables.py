@@ -16,6 +16,7 @@ UNDELIVERED = "undelivered"
 OFFSETS = "offsets"
 METRICS = "metrics"
 RETRIES = "retries"
+RETRANSMISSIONS = "retransmissions"
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -102,8 +103,21 @@ RETRIES_SCHEMA = pa.schema([
     ("writer", pa.string()),
 ])
 
+RETRANSMISSIONS_SCHEMA = pa.schema([
+    ("subscription", pa.string()),
+    ("topic", pa.string()),  # the Kafka topic
+    ("partition", pa.int32()),
+    ("from_offset", pa.int64()),  # the position before the move (null: it had none yet)
+    ("to_offset", pa.int64()),  # the first offset at or after requested_date (the end offset when none)
+    ("requested_date", _TIMESTAMP),
+    ("requested_by", pa.string()),  # the operating-system user who asked
+    ("recorded_at", _TIMESTAMP),
+    ("batch_id", pa.int64()),  # the move's id: epoch ms when it was asked
+    ("writer", pa.string()),
+])
+
 SCHEMAS = {UNDELIVERED: UNDELIVERED_SCHEMA, OFFSETS: OFFSETS_SCHEMA, METRICS: METRICS_SCHEMA,
-           RETRIES: RETRIES_SCHEMA}
+           RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA}
 
 PARKED, HELD, DELIVERED, DISCARDED = "PARKED", "HELD", "DELIVERED", "DISCARDED"
 

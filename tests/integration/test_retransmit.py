@@ -1,0 +1,116 @@
+"""Retransmission (Hermes' guide, "Retransmission"): moving a subscription's position back to a date, with a
+dry run, while `herald run` runs and while the subscription is suspended. Real broker, Spark, HTTP, Delta."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from herald.cli import main
+from herald.config import load_config
+from herald.engine.runner import Runner
+from herald.storage import DeltaRsStore
+from herald.storage.tables import RETRANSMISSIONS
+from tests.support.herald_env import produce, wait_until, write_conf, write_subscription
+from tests.support.running import RunningHerald
+from tests.support.subscriber import ScriptedSubscriber
+
+pytestmark = pytest.mark.broker
+
+HOUR_MS = 3_600_000
+
+
+def produce_at(bootstrap: str, topic: str, stamped: list[tuple[int, int, int]]) -> None:
+    """(i, partition, timestamp ms) messages."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i, partition, timestamp_ms in stamped:
+        producer.produce(topic, json.dumps({"i": i}).encode(), partition=partition, timestamp=timestamp_ms)
+    producer.flush(10)
+
+
+def cli_json(capsys, *args: str) -> dict:
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_dry_run_finds_the_first_offset_at_or_after_the_date_and_changes_nothing(broker, topic_name, tmp_path,
+                                                                                 capsys):
+    broker.create_topics({topic_name: 2})
+    now_ms = int(time.time() * 1000)
+    # partition 0: 4, 3, 2, 1 hours ago; partition 1: 4 and 3 hours ago
+    produce_at(broker.bootstrap_servers, topic_name, [(0, 0, now_ms - 4 * HOUR_MS), (1, 0, now_ms - 3 * HOUR_MS),
+                                                      (2, 0, now_ms - 2 * HOUR_MS), (3, 0, now_ms - HOUR_MS),
+                                                      (4, 1, now_ms - 4 * HOUR_MS), (5, 1, now_ms - 3 * HOUR_MS)])
+    conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {"endpoint": "http://127.0.0.1:9/"}})
+    sid = f"{topic_name}.s"
+    relative = cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date", "-150m", "--dry-run", "--json")
+    assert relative["dryRun"] is True
+    assert {p["partition"]: p["to"] for p in relative["partitions"]} == {0: 2, 1: 2}, "none after: the end offset"
+    two_and_a_half_hours_ago = dt.datetime.fromtimestamp((now_ms - 3.5 * HOUR_MS) / 1000, dt.timezone.utc)
+    absolute = cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date",
+                        two_and_a_half_hours_ago.replace(tzinfo=None).isoformat(), "--dry-run", "--json")
+    assert {p["partition"]: p["to"] for p in absolute["partitions"]} == {0: 1, 1: 1}, "no offset means UTC"
+    assert DeltaRsStore(str(tmp_path / "storage")).read(RETRANSMISSIONS).num_rows == 0, "a dry run changes nothing"
+
+
+def test_a_date_or_subscription_that_makes_no_sense_is_refused(broker, topic_name, tmp_path, capsys):
+    broker.create_topics({topic_name: 1})
+    conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {"endpoint": "http://127.0.0.1:9/"}})
+    sid = f"{topic_name}.s"
+    assert main(["retransmit", "--conf", str(conf), sid, "--date", "yesterday"]) == 2
+    assert "neither an ISO-8601 date-time" in capsys.readouterr().err
+    assert main(["retransmit", "--conf", str(conf), sid, "--date", "2999-01-01T00:00:00"]) == 2
+    assert "is in the future" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["retransmit", "--conf", str(conf), f"{topic_name}.nope", "--date", "-1h"])
+    assert exit_.value.code == 2
+
+
+@pytest.mark.spark
+def test_retransmission_while_running_delivers_again_as_new_messages(broker, spark, topic_name, tmp_path, capsys):
+    broker.create_topics({topic_name: 2})
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {"endpoint": sub.url}})
+        sid = f"{topic_name}.s"
+        with RunningHerald(conf, spark):
+            produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(6)])
+            assert wait_until(lambda: len(sub.requests) == 6, timeout_s=60)
+            first_ids = {r.json()["i"]: r.message_id for r in sub.requests}
+            assert wait_until(lambda: sum(row["offset"] for row in cli_json(
+                capsys, "offsets", "--conf", str(conf), sid, "--json")) == 6, timeout_s=30), "positions recorded"
+            moved = cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date", "-1h", "--json")
+            assert sum(p["from"] for p in moved["partitions"]) == 6
+            assert all(p["to"] == 0 for p in moved["partitions"])
+            assert wait_until(lambda: len(sub.requests) == 12, timeout_s=60), len(sub.requests)
+            produce(broker.bootstrap_servers, topic_name, [{"i": 6}])
+            assert wait_until(lambda: len(sub.requests) == 13, timeout_s=60)
+    again = [r for r in sub.requests[6:12]]
+    assert {r.json()["i"]: r.message_id for r in again} == first_ids, "the original Hermes-Message-Id"
+    assert all(r.headers["Hermes-Retry-Count"] == "0" for r in again)
+    capsys.readouterr()
+    assert main(["offsets", "--conf", str(conf), sid]) == 0
+    assert "last retransmission: from" in capsys.readouterr().out
+
+
+@pytest.mark.spark
+def test_retransmission_of_a_suspended_subscription_is_delivered_on_activation(broker, spark, topic_name, tmp_path,
+                                                                               capsys):
+    broker.create_topics({topic_name: 2})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(5)])
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {"endpoint": sub.url}})
+        sid = f"{topic_name}.s"
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        assert len(sub.requests) == 5
+        write_subscription(conf, topic_name, "s", {"endpoint": sub.url, "state": "SUSPENDED"})
+        cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date", "-1h", "--json")
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        assert len(sub.requests) == 5, "suspended: nothing yet"
+        write_subscription(conf, topic_name, "s", {"endpoint": sub.url, "state": "ACTIVE"})
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    assert sorted(r.json()["i"] for r in sub.requests) == sorted(list(range(5)) * 2)
