@@ -114,3 +114,25 @@ def test_retransmission_of_a_suspended_subscription_is_delivered_on_activation(b
         write_subscription(conf, topic_name, "s", {"endpoint": sub.url, "state": "ACTIVE"})
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
     assert sorted(r.json()["i"] for r in sub.requests) == sorted(list(range(5)) * 2)
+
+
+def test_the_spark_submit_entry_point_retransmits(broker, topic_name, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(3)])
+    conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {"endpoint": "http://127.0.0.1:9/"}})
+    spark_submit = Path(sys.executable).with_name("spark-submit")
+    job = Path(__file__).resolve().parents[2] / "jobs" / "retransmit.py"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = subprocess.run([str(spark_submit), "--master", "local[1]", str(job), "--conf", str(conf),
+                             f"{topic_name}.s", "--date", "-1h", "--json"], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    moved = json.loads(output[output.index("{"): output.rindex("}") + 1])
+    assert moved["dryRun"] is False and moved["partitions"] == [{"partition": 0, "from": None, "to": 0}]
+    assert DeltaRsStore(str(tmp_path / "storage")).read(RETRANSMISSIONS).num_rows == 1
