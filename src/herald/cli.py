@@ -112,12 +112,18 @@ def cmd_metrics(args) -> int:
     from herald.readout import metrics
 
     config, subscription = _load_lenient(args.conf, args.id)
-    result = metrics(config, subscription)
+    result = metrics(config, subscription, with_lag=not args.no_lag)
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key:>12}  {value}")
+        return 0
+    for key, value in result.items():
+        if key == "lastMinute":
+            value = ", ".join(f"{name} {figure:g}/s" for name, figure in value.items())
+        elif key == "lag":
+            value = ", ".join(f"{item['partition']}: {item['lag']}" for item in value) or "-"
+        elif key == "lagError" and value is None:
+            continue
+        print(f"{key:>12}  {value}")
     return 0
 
 
@@ -346,11 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--limit", type=int, default=1, metavar="N", help="the last N")
     undelivered.add_argument("--json", action="store_true", help="Hermes' JSON format")
 
-    for name, handler, help_text in (("metrics", cmd_metrics, "lifetime metrics of a subscription"),
+    for name, handler, help_text in (("metrics", cmd_metrics, "lifetime metrics of a subscription, the last "
+                                                               "minute's per-second figures and the lag"),
                                      ("offsets", cmd_offsets, "delivered-through offsets per partition")):
         sub = command(name, handler, help_text)
         sub.add_argument("id", help="subscription id: group.topic.name")
         sub.add_argument("--json", action="store_true")
+        if name == "metrics":
+            sub.add_argument("--no-lag", action="store_true", help="do not ask Kafka for the lag")
 
     for name, help_text in (("suspend", "set a subscription SUSPENDED in its YAML file (not run; nothing lost)"),
                             ("activate", "set a subscription ACTIVE again; it continues where it stopped")):

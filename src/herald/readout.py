@@ -10,6 +10,7 @@ batch_id only breaking ties.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from herald.config import HeraldConfig, Subscription
@@ -68,11 +69,14 @@ _LIFETIME = {
 }
 
 
-def metrics(config: HeraldConfig, subscription: Subscription) -> dict[str, Any]:
+def metrics(config: HeraldConfig, subscription: Subscription, with_lag: bool = False,
+            now_ms: int | None = None) -> dict[str, Any]:
     """Lifetime counts summed over every round (micro-batch, catch-up or retry round); `inflight`, `rate` and
     `flow` are the last round's. `rate` is attempts per second, `lastBatchAt` epoch milliseconds.
 
-    Unlike Hermes' per-second gauges, timeouts/otherErrors/codes* are lifetime counts of attempts.
+    Unlike Hermes' per-second gauges, timeouts/otherErrors/codes* are lifetime counts of attempts; Hermes'
+    per-second figures over the last minute are in `lastMinute`. With `with_lag`, `lag` gives per partition
+    the end offset, the position and their difference (asking Kafka; `lagError` says why when it cannot).
     """
     rows = _store(config).read(METRICS, subscription.id).to_pylist()
     result: dict[str, Any] = {"subscription": subscription.id, "batches": len(rows)}
@@ -84,7 +88,41 @@ def metrics(config: HeraldConfig, subscription: Subscription) -> dict[str, Any]:
     result["flowMode"] = last["flow_mode"] if last else None
     result["flowRate"] = last["flow_rate"] if last else None
     result["lastBatchAt"] = _epoch_ms(last["finished_at"]) if last else None
+    result["lastMinute"] = last_minute(rows, now_ms if now_ms is not None else int(time.time() * 1000))
+    if with_lag:
+        result["lag"], result["lagError"] = lag(config, subscription)
     return result
+
+
+_PER_SECOND = {"timeouts": "timeouts", "otherErrors": "other_errors", "codes2xx": "codes_2xx",
+               "codes3xx": "codes_3xx", "codes4xx": "codes_4xx", "codes5xx": "codes_5xx"}
+
+
+def last_minute(rows: list[dict], now_ms: int) -> dict[str, float]:
+    """Hermes' current figures: per second over the minute before `now_ms` (epoch ms), from the rounds that
+    finished in it: `rate` (attempts), timeouts, otherErrors and codes*, and `delivered`."""
+    recent = [row for row in rows if (_epoch_ms(row.get("finished_at")) or 0) > now_ms - 60_000]
+    figures = {"rate": round(sum(row.get("attempts") or 0 for row in recent) / 60, 3),
+               "delivered": round(sum(row.get("delivered") or 0 for row in recent) / 60, 3)}
+    for name, column in _PER_SECOND.items():
+        figures[name] = round(sum(row.get(column) or 0 for row in recent) / 60, 3)
+    return figures
+
+
+def lag(config: HeraldConfig, subscription: Subscription, timeout_s: float = 3.0) -> tuple[list[dict], str | None]:
+    """Per partition, the messages published and not yet behind the subscription's position (the end offset
+    minus the position); ([], why) when Kafka cannot be asked within `timeout_s` seconds."""
+    from herald.source.kafka_offsets import KafkaOffsetsError, partition_watermarks
+
+    kafka_topic = config.topic_of(subscription).kafka_topic
+    positions = {row["partition"]: row["offset"] for row in offsets(config, subscription) if row["topic"] == kafka_topic}
+    try:
+        marks = partition_watermarks({"bootstrap.servers": config.settings.kafka.bootstrapServers,
+                                      **config.settings.kafka.properties}, [kafka_topic], timeout_s)[kafka_topic]
+    except KafkaOffsetsError as error:
+        return [], str(error)
+    return [{"partition": partition, "endOffset": high, "position": positions.get(partition),
+             "lag": high - positions.get(partition, low)} for partition, (low, high) in sorted(marks.items())], None
 
 
 def offsets(config: HeraldConfig, subscription: Subscription) -> list[dict[str, Any]]:

@@ -142,3 +142,22 @@ def test_notebook_source_format(name):
         lines = [line for line in cell.splitlines() if line.strip() and line != "# Databricks notebook source"]
         assert all(line.startswith("# MAGIC") for line in lines), cell
     compile(source, name, "exec")
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_herald_metrics_gives_the_last_minute_per_second_and_the_lag(delivered_tables, capsys):
+    import json
+
+    from herald.cli import main
+
+    config, topic = delivered_tables
+    conf_dir = str(config.conf_dir)
+    capsys.readouterr()
+    assert main(["metrics", "--conf", conf_dir, f"{topic}.a", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["delivered"] == 32 and figures["lagError"] is None
+    assert figures["lastMinute"]["delivered"] == round(32 / 60, 3), "the run finished within the last minute"
+    assert figures["lastMinute"]["codes4xx"] == round(8 / 60, 3)
+    assert [(item["partition"], item["lag"]) for item in figures["lag"]] == [(0, 0), (1, 0)]
+    assert sum(item["endOffset"] for item in figures["lag"]) == 40
