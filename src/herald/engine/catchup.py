@@ -132,7 +132,8 @@ class CatchUp:
                     state.last_served_s = time.monotonic()
         batch_id = next(self._rounds)
         pipeline.record(RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
-                                    pipeline.kafka_topic, context.cluster, results), possible_replay=False)
+                                    pipeline.kafka_topic, context.cluster, results), possible_replay=False,
+                        duration_s=time.monotonic() - started)
         pipeline.flush_moves()
         log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,
                  ", ".join(state.id for state in group), sum(e - s for s, e in ranges.values()),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from herald.config import HeraldConfig
@@ -30,6 +32,17 @@ class EngineContext:
     once: bool = False
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     catchup_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
+    round_listeners: list[Callable] = field(default_factory=list)
+
+    def recorded(self, result, duration_s: float) -> None:
+        """A round's rows were handed to the writer: tell the listeners (the Prometheus exporter, the dead-letter
+        publisher), each given the `herald.engine.rounds.RoundResult` and the round's duration in seconds. A
+        listener that fails is logged and never stops delivery."""
+        for listener in list(self.round_listeners):
+            try:
+                listener(result, duration_s)
+            except Exception:  # noqa: BLE001 - a listener's failure must not stop the round
+                logging.getLogger(__name__).exception("round listener %r failed", listener)
 
     @property
     def parallelism(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from herald.config import Subscription
@@ -203,6 +204,7 @@ class RetryDriver:
                         deadline_ms=now_ms() + int(settings.streaming.batch_deadline_s * 1000),
                         park_after_s=settings.streaming.park_after_s, transport=settings.delivery.transport,
                         max_open=settings.delivery.maxOpenRequests)
+        started = time.monotonic()
         report = TaskSender(plan, stop=self._stop.is_set).run([InputBatch(rows)])
         batch_id = next(self._rounds)
         result = RoundResult(RETRY, f"retry:{context.run_id}", batch_id, "", context.cluster)
@@ -229,6 +231,7 @@ class RetryDriver:
             result.outcomes.append(outcome)
         context.writer.submit(Slice(result.writer, batch_id),
                               [(t, r) for t, r in table_rows(result, now_ms()) if r.num_rows])
+        context.recorded(result, time.monotonic() - started)
         delivered = sum(o.counters.delivered for o in result.outcomes)
         log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again", batch_id,
                  len(rows), delivered, sum(o.counters.discarded for o in result.outcomes),

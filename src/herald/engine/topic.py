@@ -190,7 +190,7 @@ class TopicPipeline:
                         state.catching_up = True
                 self.batch_in_progress = False
         self.record(RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
-                    possible_replay=self._replay_possible)
+                    possible_replay=self._replay_possible, duration_s=time.monotonic() - started)
         self._replay_possible = False
         self.flush_moves()
         if self.catchup is not None:
@@ -252,14 +252,15 @@ class TopicPipeline:
             if participant.state.pending_move is not None:
                 self._move(participant.state, participant.state.pending_move)
 
-    def record(self, result: RoundResult, possible_replay: bool) -> None:
-        """Hand the round's rows to the table writer. Empty tables are skipped, unless the round may replay an
-        earlier run's (its old slices are then cleared too)."""
+    def record(self, result: RoundResult, possible_replay: bool, duration_s: float) -> None:
+        """Hand the round's rows to the table writer, then tell the round's listeners. Empty tables are skipped,
+        unless the round may replay an earlier run's (its old slices are then cleared too)."""
         tables = table_rows(result, now_ms())
         if not possible_replay:
             tables = [(table, rows) for table, rows in tables if rows.num_rows]
         if tables:
             self.context.writer.submit(Slice(result.writer, result.batch_id), tables)
+        self.context.recorded(result, duration_s)
 
     def stop(self) -> None:
         if self.query is not None and self.query.isActive:
