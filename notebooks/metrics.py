@@ -8,16 +8,19 @@
 # MAGIC - **storage_path**: Herald's `storage.path`
 # MAGIC - **subscription**: a subscription id (`group.topic.name`) or `all`
 # MAGIC - **window_hours**: how far back to look
+# MAGIC - **conf**: Herald's configuration directory (for the lag, asked of Kafka); empty: no lag
 
 # COMMAND ----------
 
 dbutils.widgets.text("storage_path", "/dbfs/herald", "storage path")
 dbutils.widgets.text("subscription", "all", "subscription (or all)")
 dbutils.widgets.text("window_hours", "24", "window (hours)")
+dbutils.widgets.text("conf", "", "conf directory (for the lag)")
 
 storage_path = dbutils.widgets.get("storage_path")
 subscription = dbutils.widgets.get("subscription").strip() or "all"
 window_hours = float(dbutils.widgets.get("window_hours"))
+conf = dbutils.widgets.get("conf").strip()
 
 # COMMAND ----------
 
@@ -33,13 +36,16 @@ print(f"{subscription}, last {window_hours:g} h: " + ", ".join(f"{name} {int(val
 # MAGIC ## Per minute
 # MAGIC
 # MAGIC Delivered messages and the adaptive controller's rate; 4xx, 5xx, timeouts, other errors and discards
-# MAGIC stacked; the most messages in flight in each round.
+# MAGIC stacked; the most messages in flight in each round; and, with a `conf` directory, the lag now.
 
 # COMMAND ----------
 
 display(herald_inspect.per_minute(metrics, ["delivered", *herald_inspect.ANSWER_CLASSES]).reset_index())
+lag = herald_inspect.lag_frame(conf, subscription) if conf else None
+if lag is not None:
+    display(lag)
 
 # COMMAND ----------
 
-metrics_figure = herald_inspect.plot_metrics(metrics)
+metrics_figure = herald_inspect.plot_metrics(metrics, lag=lag)
 display(metrics_figure)

@@ -51,8 +51,10 @@ display(discards_figure)
 # MAGIC ## One message
 # MAGIC
 # MAGIC The newest discard, pretty-printed; put a `message_id` from the table above in `message_id` to see another.
+# MAGIC Its attempts are listed when its subscription tracks messages (`trackingMode: trackingAll`).
 
 # COMMAND ----------
 
 message_id = None
-print(herald_inspect.message_detail(undelivered, message_id))
+tracking = herald_inspect.tracking_frame(storage_path, subscription, spark=spark)
+print(herald_inspect.message_detail(undelivered, message_id, tracking))

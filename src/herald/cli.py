@@ -127,6 +127,32 @@ def cmd_metrics(args) -> int:
     return 0
 
 
+def cmd_trace(args) -> int:
+    from herald.readout import trace
+
+    config, subscription = _load_lenient(args.conf, args.id)
+    steps = trace(config, subscription, args.message_id)
+    if args.json:
+        print(json.dumps(steps, indent=2))
+    elif not steps:
+        print(f"{subscription.id}: no tracked history of message {args.message_id} "
+              f"(trackingMode: {subscription.trackingMode})", file=sys.stderr)
+    for step in [] if args.json else steps:
+        status = step["status"] + (f" {step['httpStatus']}" if step["httpStatus"] is not None else "")
+        reason = f"  {step['reason']}" if step["reason"] else ""
+        print(f"{_iso_ms(step['timestamp'])}  {step['topicName']}[{step['partition']}]@{step['offset']}  "
+              f"{status}{reason}")
+    return 0 if steps else 1
+
+
+def _iso_ms(epoch_ms: int | None) -> str:
+    import datetime as dt
+
+    if epoch_ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(epoch_ms / 1000, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
 def cmd_offsets(args) -> int:
     from herald.readout import last_retransmission, offsets
 
@@ -360,6 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true")
         if name == "metrics":
             sub.add_argument("--no-lag", action="store_true", help="do not ask Kafka for the lag")
+
+    trace = command("trace", cmd_trace, "a message's history (trackingAll / discardedOnly); exit 1 when none")
+    trace.add_argument("id", help="subscription id: group.topic.name")
+    trace.add_argument("message_id", help="the message id (Hermes-Message-Id)")
+    trace.add_argument("--json", action="store_true", help="Hermes' tracking fields")
 
     for name, help_text in (("suspend", "set a subscription SUSPENDED in its YAML file (not run; nothing lost)"),
                             ("activate", "set a subscription ACTIVE again; it continues where it stopped")):

@@ -20,7 +20,7 @@ import json
 import pandas as pd
 
 from herald.storage.store import DeltaRsStore, table_root
-from herald.storage.tables import METRICS, UNDELIVERED
+from herald.storage.tables import METRICS, TRACKING, UNDELIVERED
 
 ALL = "all"
 """The subscription widget's value for every subscription."""
@@ -66,6 +66,34 @@ def metrics_frame(storage_path: str, subscription: str = ALL, window_hours: floa
     return _window(frame, subscription, "finished_at", window_hours, now)
 
 
+def tracking_frame(storage_path: str, subscription: str = ALL, window_hours: float | None = None, spark=None,
+                   now: dt.datetime | None = None) -> pd.DataFrame:
+    """Tracked steps (trackingAll / discardedOnly) of one subscription (or `ALL`), oldest first."""
+    return _window(read_table(storage_path, TRACKING, spark), subscription, "timestamp", window_hours, now)
+
+
+def lag_frame(conf_dir: str, subscription: str = ALL, timeout_s: float = 3.0) -> pd.DataFrame:
+    """The lag now, per subscription and partition (Kafka's end offset minus the subscription's position),
+    asking the Kafka cluster of the configuration in `conf_dir`. A subscription whose lag cannot be asked has
+    one row with `error` set."""
+    from pathlib import Path
+
+    from herald.config import load_config_lenient
+    from herald.readout import lag
+
+    config = load_config_lenient(Path(conf_dir)).config
+    rows = []
+    for item in config.subscriptions:
+        if subscription not in (ALL, "", None) and item.id != subscription:
+            continue
+        partitions, error = lag(config, item, timeout_s)
+        if error:
+            rows.append({"subscription": item.id, "error": error})
+        rows.extend({"subscription": item.id, "partition": p["partition"], "end_offset": p["endOffset"],
+                     "position": p["position"], "lag": p["lag"], "error": None} for p in partitions)
+    return pd.DataFrame(rows, columns=["subscription", "partition", "end_offset", "position", "lag", "error"])
+
+
 def latest_discards(frame: pd.DataFrame, limit: int = 20) -> pd.DataFrame:
     """The newest discards first, with the columns a person looks at."""
     columns = ["timestamp", "subscription", "partition", "offset", "message_id", "http_status", "reason",
@@ -82,8 +110,9 @@ def discard_counts(frame: pd.DataFrame, by: str, freq: str = "1min") -> pd.DataF
     return keyed.groupby(["bucket", "key"]).size().unstack("key", fill_value=0).sort_index()
 
 
-def message_detail(frame: pd.DataFrame, message_id: str | None = None) -> str:
-    """One discarded message (the newest, or `message_id`) pretty-printed with its discard record."""
+def message_detail(frame: pd.DataFrame, message_id: str | None = None, tracking: pd.DataFrame | None = None) -> str:
+    """One discarded message (the newest, or `message_id`) pretty-printed with its discard record, and its
+    attempts from `tracking` (`tracking_frame`) when its subscription tracks messages."""
     rows = frame if message_id is None else frame[frame["message_id"] == message_id]
     if rows.empty:
         return f"no discarded message {message_id}" if message_id else "no discarded message"
@@ -94,7 +123,20 @@ def message_detail(frame: pd.DataFrame, message_id: str | None = None) -> str:
         body = str(row["message"])
     return (f"{row['message_id']}  {row['subscription']}  partition {row['partition']} offset {row['offset']}\n"
             f"discarded {row['timestamp']} after {row['attempts']} attempt(s), ended by {row['ended_by']}: "
-            f"{row['reason']}\n(attempt history: trackingMode is not recorded yet)\n{body}")
+            f"{row['reason']}\n{_history(tracking, row['subscription'], row['message_id'])}\n{body}")
+
+
+def _history(tracking: pd.DataFrame | None, subscription: str, message_id: str) -> str:
+    steps = pd.DataFrame() if tracking is None or tracking.empty else tracking[
+        (tracking["subscription"] == subscription) & (tracking["message_id"] == message_id)]
+    if steps.empty:
+        return "history: not tracked (trackingMode: trackingAll records every attempt)"
+    lines = ["history:"]
+    for step in steps.sort_values("timestamp").itertuples():
+        status = "" if pd.isna(step.http_status) else f" {int(step.http_status)}"
+        reason = f"  {step.reason}" if isinstance(step.reason, str) and step.reason else ""
+        lines.append(f"  {step.timestamp}  {step.status}{status}{reason}")
+    return "\n".join(lines)
 
 
 def per_minute(frame: pd.DataFrame, columns: tuple[str, ...] | list[str], freq: str = "1min") -> pd.DataFrame:
@@ -125,12 +167,14 @@ def plot_discards(frame: pd.DataFrame, freq: str = "1min"):
     return figure
 
 
-def plot_metrics(frame: pd.DataFrame, freq: str = "1min"):
-    """Delivered per `freq` with the flow rate, the answers by class stacked, and inflight (matplotlib Figure)."""
+def plot_metrics(frame: pd.DataFrame, freq: str = "1min", lag: pd.DataFrame | None = None):
+    """Delivered per `freq` with the flow rate, the answers by class stacked, inflight, and with `lag`
+    (`lag_frame`) the lag now per subscription and partition (matplotlib Figure)."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(11, 9), layout="constrained")
-    delivered_axes = figure.add_subplot(3, 1, 1)
+    panels = 4 if lag is not None else 3
+    figure = Figure(figsize=(11, 3 * panels), layout="constrained")
+    delivered_axes = figure.add_subplot(panels, 1, 1)
     delivered = per_minute(frame, ["delivered"], freq)
     delivered_axes.bar(delivered.index, delivered["delivered"] if not delivered.empty else [],
                        width=_bar_width(delivered.index), color="tab:green", label="delivered")
@@ -142,15 +186,27 @@ def plot_metrics(frame: pd.DataFrame, freq: str = "1min"):
         for subscription in rates.columns:
             rate_axes.plot(rates.index, rates[subscription], drawstyle="steps-post", label=f"{subscription} rate")
         rate_axes.set_ylabel("msg/s")
-    _stacked_bars(figure.add_subplot(3, 1, 2), per_minute(frame, ANSWER_CLASSES, freq),
+    _stacked_bars(figure.add_subplot(panels, 1, 2), per_minute(frame, ANSWER_CLASSES, freq),
                   f"4xx, 5xx, timeouts, other errors and discards per {freq}", "answers")
-    inflight_axes = figure.add_subplot(3, 1, 3)
+    inflight_axes = figure.add_subplot(panels, 1, 3)
     if not frame.empty:
         for subscription, rows in frame.groupby("subscription"):
             inflight_axes.plot(rows["finished_at"], rows["inflight"], marker=".", label=subscription)
         inflight_axes.legend(loc="upper left", fontsize="small")
-    inflight_axes.set_title("inflight (most at once in a round); lag is not recorded yet")
+    inflight_axes.set_title("inflight (most at once in a round)")
     inflight_axes.set_ylabel("messages")
+    if lag is not None:
+        lag_axes = figure.add_subplot(panels, 1, 4)
+        known = lag[lag["lag"].notna()] if not lag.empty else lag
+        lag_axes.set_title("lag now (end offset minus position), per subscription and partition")
+        lag_axes.set_ylabel("messages")
+        if known.empty:
+            lag_axes.text(0.5, 0.5, "lag unknown (Kafka not reachable)", transform=lag_axes.transAxes,
+                          ha="center")
+        else:
+            labels = [f"{s}[{int(p)}]" for s, p in zip(known["subscription"], known["partition"])]
+            lag_axes.bar(labels, known["lag"].astype(int), color="tab:orange")
+            lag_axes.tick_params(axis="x", labelrotation=30, labelsize="small")
     return figure
 
 

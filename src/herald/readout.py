@@ -162,3 +162,31 @@ def last_retransmission(config: HeraldConfig, subscription: Subscription) -> dic
         "partitions": [{"topic": row["topic"], "partition": row["partition"], "from": row["from_offset"],
                         "to": row["to_offset"]} for row in mine],
     }
+
+
+_STEP_ORDER = {"INFLIGHT": 0, "FILTERED": 1, "FAILED": 1, "SUCCESS": 2, "DISCARDED": 2}
+
+
+def trace(config: HeraldConfig, subscription: Subscription, message_id: str) -> list[dict[str, Any]]:
+    """A message's history in the tracking table (trackingAll / discardedOnly), oldest step first, in Hermes'
+    fields. A message read again (a retransmission, a replay) shows each reading in turn."""
+    from herald.storage.tables import TRACKING
+
+    rows = [row for row in _store(config).read(TRACKING, subscription.id).to_pylist()
+            if row["message_id"] == message_id]
+    rows.sort(key=lambda row: (_epoch_ms(row["timestamp"]), _STEP_ORDER.get(row["status"], 1)))
+    return [
+        {
+            "messageId": row["message_id"],
+            "timestamp": _epoch_ms(row["timestamp"]),
+            "subscription": subscription.name,
+            "topicName": row["topic_name"],
+            "status": row["status"],
+            "reason": row["reason"],
+            "httpStatus": row["http_status"],
+            "partition": row["partition"],
+            "offset": row["offset"],
+            "cluster": row["cluster"],
+        }
+        for row in rows
+    ]

@@ -4,9 +4,11 @@ written by a real delivery run (broker, Spark, HTTP subscriber, Delta); and thei
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from herald.config import load_config
 from herald.engine.runner import Runner
@@ -66,7 +68,8 @@ def bar_total(axes) -> float:
 
 @pytest.fixture(scope="module")
 def delivered_tables(tmp_path_factory, broker, spark):
-    """A real run: two subscriptions, every fifth message refused with 400, one answered 500 then 200."""
+    """A real run: two subscriptions (a tracks every message), every fifth message refused with 400, one answered
+    500 then 200; then 3 more messages on partition 0 that are not delivered (a lag of 3)."""
     root = tmp_path_factory.mktemp("notebooks")
     topic = f"nb.t{dt.datetime.now().microsecond}"
     broker.create_topics({topic: 2})
@@ -75,10 +78,14 @@ def delivered_tables(tmp_path_factory, broker, spark):
     produce(broker.bootstrap_servers, topic, documents)
     with ScriptedSubscriber() as sub:
         conf = write_conf(root, broker.bootstrap_servers, topic, {
-            "a": {"endpoint": sub.url + "/a"},
+            "a": {"endpoint": sub.url + "/a", "trackingMode": "trackingAll"},
             "b": {"endpoint": sub.url + "/b", "filters": [{"type": "jsonpath", "path": "$.i", "matcher": "[0-9]"}]},
         }, settings={"streaming": {"parkAfterMs": 5000}})
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for i in range(40, 43):
+        producer.produce(topic, json.dumps({"i": i}).encode(), partition=0)
+    assert producer.flush(10) == 0
     return load_config(conf), topic
 
 
@@ -100,7 +107,11 @@ def test_the_undelivered_notebook_plots_what_the_table_holds(delivered_tables, t
     assert bar_total(by_reason) == len(mine) and bar_total(by_status) == len(mine)
     assert [text.get_text() for text in by_status.get_legend().get_texts()] == ["400"]
     newest = mine.sort_values("timestamp").iloc[-1]
-    assert newest["message_id"] in capsys.readouterr().out
+    detail = capsys.readouterr().out
+    assert newest["message_id"] in detail
+    history = detail[detail.index("history:"):].splitlines()
+    assert [line.split()[2] for line in history[1:4]] == ["INFLIGHT", "FAILED", "DISCARDED"], "a tracks every step"
+    assert history[2].split()[3] == "400"
     png = tmp_path / "undelivered.png"
     figure.savefig(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -116,11 +127,15 @@ def test_the_metrics_notebook_plots_what_the_table_holds(delivered_tables, tmp_p
     config, topic = delivered_tables
     rows = DeltaRsStore(config.storage_path).read(METRICS).to_pandas()
     rows = rows[rows["finished_at"].notna()]
-    shown, _ = run_notebook("metrics.py", {"storage_path": config.storage_path, "subscription": "all",
-                                           "window_hours": "24"})
-    per_minute, figure = shown
+    shown, dbutils = run_notebook("metrics.py", {"storage_path": config.storage_path, "subscription": "all",
+                                                 "window_hours": "24", "conf": str(config.conf_dir)})
+    assert dbutils.widgets.declared == ["storage_path", "subscription", "window_hours", "conf"]
+    per_minute, lag, figure = shown
     assert per_minute["delivered"].sum() == rows["delivered"].sum() == 32 + 8  # a: 32; b: i 1..9 but 5 -> 8
-    delivered_axes, answers_axes, inflight_axes = (axes for axes in figure.axes if axes.get_title())
+    assert sorted(zip(lag["subscription"], lag["partition"], lag["lag"])) == [
+        (f"{topic}.a", 0, 3), (f"{topic}.a", 1, 0), (f"{topic}.b", 0, 3), (f"{topic}.b", 1, 0)]
+    delivered_axes, answers_axes, inflight_axes, lag_axes = (axes for axes in figure.axes if axes.get_title())
+    assert bar_total(lag_axes) == 6
     assert bar_total(delivered_axes) == rows["delivered"].sum()
     assert bar_total(answers_axes) == sum(rows[column].sum() for column in ANSWER_CLASSES)
     assert {line.get_label() for line in inflight_axes.get_lines()} == {f"{topic}.a", f"{topic}.b"}
@@ -147,8 +162,6 @@ def test_notebook_source_format(name):
 @pytest.mark.spark
 @pytest.mark.broker
 def test_herald_metrics_gives_the_last_minute_per_second_and_the_lag(delivered_tables, capsys):
-    import json
-
     from herald.cli import main
 
     config, topic = delivered_tables
@@ -159,5 +172,5 @@ def test_herald_metrics_gives_the_last_minute_per_second_and_the_lag(delivered_t
     assert figures["delivered"] == 32 and figures["lagError"] is None
     assert figures["lastMinute"]["delivered"] == round(32 / 60, 3), "the run finished within the last minute"
     assert figures["lastMinute"]["codes4xx"] == round(8 / 60, 3)
-    assert [(item["partition"], item["lag"]) for item in figures["lag"]] == [(0, 0), (1, 0)]
-    assert sum(item["endOffset"] for item in figures["lag"]) == 40
+    assert [(item["partition"], item["lag"]) for item in figures["lag"]] == [(0, 3), (1, 0)]
+    assert sum(item["endOffset"] for item in figures["lag"]) == 43

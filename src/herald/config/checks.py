@@ -69,9 +69,6 @@ def check_subscription(subscription: Subscription, topics: dict[str, Topic], fil
             problems.append(Problem(file, key, f"{value} is not supported yet (only {planned})"))
     if topic is not None and subscription.contentType is ContentType.AVRO and topic.contentType is ContentType.JSON:
         problems.append(Problem(file, "contentType", f"AVRO delivery needs an AVRO topic; {topic.name} is JSON"))
-    if subscription.trackingMode != "trackingOff":
-        notes.append(f"{file}: trackingMode {subscription.trackingMode}: message tracking is not implemented yet, "
-                     "so nothing is tracked (undelivered messages are still stored)")
     for index, spec in enumerate(subscription.filters):
         if topic is not None and spec.type != "header" and spec.type != _FILTER_FOR[topic.contentType]:
             problems.append(Problem(file, f"filters[{index}].type", f"{topic.name} is a {topic.contentType.value} "

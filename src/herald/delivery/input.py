@@ -37,14 +37,16 @@ class InputBatch:
     nbytes: int = 0
 
 
-def arrow_input(batches: Iterable[pa.RecordBatch], topic: str, every_lane: Sequence[int]) -> Iterator[InputBatch]:
-    """Convert `mapInArrow` input; `every_lane` is where a record that could not be decoded goes."""
+def arrow_input(batches: Iterable[pa.RecordBatch], topic: str, every_lane: Sequence[int],
+                every_row: bool = False) -> Iterator[InputBatch]:
+    """Convert `mapInArrow` input; `every_lane` is where a record that could not be decoded goes. With
+    `every_row` (a lane tracks every message, FILTERED included) rows that go nowhere become records too."""
     for batch in batches:
         if batch.num_rows:
-            yield _convert(batch, topic, tuple(every_lane))
+            yield _convert(batch, topic, tuple(every_lane), every_row)
 
 
-def _convert(batch: pa.RecordBatch, topic: str, every_lane: tuple[int, ...]) -> InputBatch:
+def _convert(batch: pa.RecordBatch, topic: str, every_lane: tuple[int, ...], every_row: bool = False) -> InputBatch:
     partitions = batch.column("partition").to_numpy(zero_copy_only=False)
     offsets = batch.column("offset").to_numpy(zero_copy_only=False)
     by_partition = {int(p): np.sort(offsets[partitions == p]) for p in np.unique(partitions)}
@@ -53,6 +55,8 @@ def _convert(batch: pa.RecordBatch, topic: str, every_lane: tuple[int, ...]) -> 
     names = batch.schema.names
     if "error" in names:
         wanted = pc.or_(wanted, pc.is_valid(batch.column("error")))
+    if every_row:
+        wanted = pa.array(np.ones(batch.num_rows, dtype=bool))
     if not pc.any(wanted).as_py():
         return InputBatch([], by_partition, 0)
     rows = batch.filter(wanted)

@@ -30,7 +30,17 @@ from herald.delivery.message import Delivery, Record
 from herald.delivery.outcome import Verdict, classify
 from herald.delivery.plan import LanePlan
 from herald.delivery.policy import EndedBy, GiveUp, Retry
-from herald.delivery.report import Carried, Discarded, LaneReport, Parked
+from herald.delivery.report import (
+    FAILED,
+    FILTERED,
+    INFLIGHT,
+    SUCCESS,
+    Carried,
+    Discarded,
+    LaneReport,
+    Parked,
+    Traced,
+)
 from herald.delivery.transport import HttpAnswer, HttpRequest
 
 StartAttempt = Callable[[HttpRequest, object], None]
@@ -60,6 +70,8 @@ class Lane:
         self._resume = plan.resume
         self._stalled_since: float | None = None
         self._lines = plan.header_lines
+        self._tracing = plan.tracks_all  # records INFLIGHT, FAILED, SUCCESS and FILTERED steps (DISCARDED: the
+        # driver, from the discards, for discardedOnly too)
 
     # -- input ------------------------------------------------------------------------------------------------
     def take(self, record: Record, now_ms: int) -> bool:
@@ -67,12 +79,19 @@ class Lane:
         if record.offset < self.plan.starts.get(record.partition, -1):
             return False  # already done before this round
         self.counters.matched += 1
+        if self._tracing and not (self._resume and (record.partition, record.offset) in self._resume):
+            self._trace(record, INFLIGHT, now_ms)  # a resumed message was read in an earlier round
         if record.error is not None:
             self._discard_record(record, f"Message could not be decoded: {record.error}", EndedBy.DECODE, None, 0,
                                  now_ms)
             return False
         self.pending.append(record)
         return True
+
+    def passed_over(self, record: Record, now_ms: int) -> None:
+        """A row of the lane's range its filters did not pass (called only when the lane tracks everything)."""
+        if record.offset >= self.plan.starts.get(record.partition, -1):
+            self._trace(record, FILTERED, now_ms)
 
     def cut_input(self, progress: dict[int, int]) -> list[Record]:
         """Take no more input: the position stops at the rows not admitted and, in every partition read so far,
@@ -157,8 +176,12 @@ class Lane:
             delivery.finish("delivered")
             self.in_flight -= 1
             counters.delivered += 1
+            if self._tracing:
+                self._trace(delivery.record, SUCCESS, now_ms)
             return
         delivery.last_status, delivery.last_reason = outcome.status, outcome.reason
+        if self._tracing:
+            self._trace(delivery.record, FAILED, now_ms, outcome.reason, outcome.status)
         step = self.plan.retry.after_failure(outcome, delivery.attempts, delivery.first_read_at, delivery.backoff_s,
                                              now, self.rng)
         if isinstance(step, Retry):
@@ -255,6 +278,23 @@ class Lane:
         plan = self.plan
         body = (record.avro if plan.avro else record.body) or b""
         return HttpRequest(plan.url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
+
+    def _trace(self, record: Record, status: str, now_ms: int, reason: str | None = None,
+               http_status: int | None = None) -> None:
+        self.report.traced.append(Traced(record.partition, record.offset, record.message_id, status, now_ms, reason,
+                                   http_status))
+
+    def untrace_rereads(self) -> None:
+        """Drop INFLIGHT and FILTERED steps of rows at or past where the position stops (they are read again
+        by a later round, which records them then), except for messages carried there with their state."""
+        stops = self.report.stops
+        if not self._tracing or not stops:
+            return
+        carried = {(item.partition, item.offset) for item in self.report.carried}
+        self.report.traced[:] = [
+            step for step in self.report.traced
+            if step.status not in (INFLIGHT, FILTERED) or step.offset < stops.get(step.partition, math.inf)
+            or (step.partition, step.offset) in carried]
 
     def _stop(self, partition: int, offset: int) -> None:
         stops = self.report.stops

@@ -32,6 +32,8 @@ class LanePlan:
     resume: (partition, offset) -> the retry state a message continues from (carried from an earlier round).
     positional: False for parked retries, which stand outside any position: whatever is unfinished at the end
         is parked again.
+    tracking: what the lane records of each message's history (`herald.delivery.report.TRACK_*`): nothing,
+        its failed attempts and its end (the driver adds DISCARDED rows from the discards), or everything.
     """
 
     subscription_id: str
@@ -50,6 +52,11 @@ class LanePlan:
     starts: dict[int, int] = field(default_factory=dict)
     resume: dict[tuple[int, int], RetryState] = field(default_factory=dict, repr=False)
     positional: bool = True
+    tracking: str = "off"
+
+    @property
+    def tracks_all(self) -> bool:
+        return self.tracking == "all"
 
     def share(self, tasks: int, task_index: int) -> LanePlan:
         """What task `task_index` of `tasks` gets (NSQ: the shares never sum to more than the whole): inflight

@@ -19,7 +19,7 @@ from herald.delivery.message import Record, RetryState
 
 REPORT_SCHEMA = pa.schema([
     ("task", pa.string()),  # one id per task run
-    ("row_type", pa.string()),  # "task" | "lane" | "discarded" | "parked" | "carried"
+    ("row_type", pa.string()),  # "task" | "lane" | "discarded" | "parked" | "carried" | "traced"
     ("lane", pa.int32()),
     ("partition", pa.int32()),
     ("offset", pa.int64()),
@@ -38,6 +38,7 @@ REPORT_SCHEMA = pa.schema([
     ("due_ms", pa.int64()),
     ("backoff_s", pa.float64()),
     ("stats", pa.string()),  # task and lane rows: JSON
+    ("event", pa.string()),  # traced: INFLIGHT | FAILED | SUCCESS | FILTERED
 ])
 _DDL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.binary(): "binary",
               pa.float64(): "double"}
@@ -102,6 +103,27 @@ class Discarded:
     schema_version: int | None = None
 
 
+TRACK_OFF, TRACK_DISCARDED, TRACK_ALL = "off", "discarded", "all"
+"""LanePlan.tracking for trackingOff, discardedOnly and trackingAll."""
+
+INFLIGHT, FAILED, SUCCESS, FILTERED, DISCARDED = "INFLIGHT", "FAILED", "SUCCESS", "FILTERED", "DISCARDED"
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One step of a message's history in a lane (trackingAll), as Hermes' tracking records it: read
+    (INFLIGHT), an attempt that failed (FAILED, with its reason and status), delivered (SUCCESS) or passed over
+    by the subscription's filters (FILTERED). DISCARDED steps are the `Discarded` items. event_ms: epoch ms."""
+
+    partition: int
+    offset: int
+    message_id: str
+    status: str
+    event_ms: int
+    reason: str | None = None
+    http_status: int | None = None
+
+
 @dataclass(frozen=True)
 class Parked:
     """A message whose retries continue outside the task: the record to send and where its delivery stands."""
@@ -134,6 +156,7 @@ class LaneReport:
     discarded: list[Discarded] = field(default_factory=list)
     parked: list[Parked] = field(default_factory=list)
     carried: list[Carried] = field(default_factory=list)
+    traced: list[Traced] = field(default_factory=list)
 
 
 @dataclass
@@ -171,6 +194,10 @@ class TaskReport:
             for item in lane.carried:
                 rows.append({"row_type": "carried", "lane": index, "partition": item.partition,
                              "offset": item.offset, **_state_columns(item.state)})
+            for step in lane.traced:
+                rows.append({"row_type": "traced", "lane": index, "partition": step.partition,
+                             "offset": step.offset, "message_id": step.message_id, "event": step.status,
+                             "event_ms": step.event_ms, "reason": step.reason, "http_status": step.http_status})
         for row in rows:
             row["task"] = self.task
         return pa.RecordBatch.from_pylist(rows, schema=REPORT_SCHEMA)
@@ -206,6 +233,9 @@ class TaskReport:
                 lane.parked.append(Parked(record, _state_of(row)))
             elif kind == "carried":
                 lane.carried.append(Carried(row["partition"], row["offset"], _state_of(row)))
+            elif kind == "traced":
+                lane.traced.append(Traced(row["partition"], row["offset"], row["message_id"], row["event"],
+                                          row["event_ms"], row["reason"], row["http_status"]))
         return list(tasks.values())
 
 

@@ -86,6 +86,7 @@ class TaskSender:
         self._timers: list[tuple[float, int, Lane]] = []
         self._sequence = itertools.count()
         self._no_room: dict[Lane, None] = {}  # lanes waiting for the transport to have room
+        self._tracing: list[Lane] = []  # lanes that record every row's step, FILTERED included
 
     def run(self, batches: Iterable[InputBatch]) -> TaskReport:
         now, now_ms = self.clock(), self.wall_clock_ms()
@@ -99,6 +100,7 @@ class TaskSender:
                 lane.cut_input({})  # every slot is held by parked retries: it takes nothing new
             self.lanes[index] = lane
             self._ready[lane] = None
+        self._tracing = [lane for lane in self.lanes.values() if lane.plan.tracks_all]
         reader = Prefetcher(batches) if self.prefetch else InlineReader(batches)
         deadline = now + (self.plan.deadline_ms - now_ms) / 1000
         try:
@@ -211,6 +213,7 @@ class TaskSender:
                 self._offsets.setdefault(partition, []).append(offsets)
                 self._progress[partition] = max(self._progress.get(partition, 0), int(offsets[-1]) + 1)
         lanes = self.lanes
+        tracing = self._tracing
         for record, targets in batch.rows:
             for index in targets:
                 lane = lanes.get(index)
@@ -219,6 +222,10 @@ class TaskSender:
                 if lane.take(record, now_ms):
                     self._hold(record)
                     self._ready[lane] = None
+            if tracing:
+                for lane in tracing:
+                    if lane.index not in targets and not lane.cut and not lane.settled:
+                        lane.passed_over(record, now_ms)
 
     def _relieve(self) -> None:
         """The read-ahead is full: while a lane starves for rows, cut off the lane holding the most."""
@@ -257,6 +264,7 @@ class TaskSender:
         offsets = {p: np.concatenate(arrays) for p, arrays in self._offsets.items()}
         report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted)
         for index, lane in self.lanes.items():
+            lane.untrace_rereads()
             lane_report = lane.report
             lane_report.counters.read = _rows_gone_through(offsets, lane.plan.starts, lane_report.stops, lane.cut)
             lane_report.counters.finished_ms = now_ms

@@ -19,13 +19,14 @@ from herald.delivery.sender import TaskSender
 def delivery_task(plan: TaskPlan):
     """The `mapInArrow` function for one round: delivers the task's rows, yields its report."""
     every_lane = tuple(plan.lanes)
+    every_row = any(lane.tracks_all for lane in plan.lanes.values())
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         task_index = context.partitionId() if context is not None else 0
-        report = TaskSender(plan, task_index=task_index).run(arrow_input(batches, plan.topic, every_lane))
+        report = TaskSender(plan, task_index=task_index).run(arrow_input(batches, plan.topic, every_lane, every_row))
         yield report.to_arrow()
 
     return run

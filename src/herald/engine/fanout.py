@@ -51,6 +51,7 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
             outcome.discarded.extend(lane.discarded)
             outcome.parked.extend(lane.parked)
             outcome.carried.extend(lane.carried)
+            outcome.traced.extend(lane.traced)
         outcome.flow_state = FlowState.combine(flow_states, participant.state.flow)
         if participant.plan.positional:
             moved = advance(participant.state.positions, ranges, reports, participant.index)

@@ -20,8 +20,12 @@ from herald.delivery.headers import (
     static_headers,
 )
 from herald.delivery.plan import LanePlan
+from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TRACK_OFF
 from herald.delivery.spec import DeliverySpec
 from herald.engine.state import SubscriptionState
+
+
+TRACKING = {"trackingOff": TRACK_OFF, "discardedOnly": TRACK_DISCARDED, "trackingAll": TRACK_ALL}
 
 
 def spec_of(subscription: Subscription) -> DeliverySpec:
@@ -78,4 +82,5 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         starts={} if retries else dict(state.positions),
         resume={} if retries else state.live_carried(),
         positional=not retries,
+        tracking=TRACKING[subscription.trackingMode],
     )

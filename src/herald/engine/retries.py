@@ -213,7 +213,7 @@ class RetryDriver:
             self._hand_back_flow(subscription.id, lane.flow_state)
             self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
             outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
-                                          discarded=lane.discarded, parked=lane.parked)
+                                          discarded=lane.discarded, parked=lane.parked, traced=lane.traced)
             ended = {(d.partition, d.offset) for d in lane.discarded}
             still = {(p.record.partition, p.record.offset) for p in lane.parked}
             with self._lock:

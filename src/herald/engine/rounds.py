@@ -16,7 +16,7 @@ import pyarrow as pa
 from herald.config import Subscription
 from herald.delivery.flow import FlowState
 from herald.delivery.message import Record, RetryState
-from herald.delivery.report import Carried, Discarded, LaneCounters, Parked
+from herald.delivery.report import DISCARDED, Carried, Discarded, LaneCounters, Parked, Traced
 from herald.storage.tables import (
     METRICS,
     METRICS_SCHEMA,
@@ -26,6 +26,8 @@ from herald.storage.tables import (
     PARKED,
     RETRIES,
     RETRIES_SCHEMA,
+    TRACKING,
+    TRACKING_SCHEMA,
     UNDELIVERED,
     UNDELIVERED_SCHEMA,
     at_ms,
@@ -50,6 +52,7 @@ class SubscriptionOutcome:
     discarded: list[Discarded] = field(default_factory=list)
     parked: list[Parked] = field(default_factory=list)
     carried: list[Carried] = field(default_factory=list)
+    traced: list[Traced] = field(default_factory=list)
     resolved: dict[tuple[int, int], tuple[Record, str]] = field(default_factory=dict)
 
 
@@ -69,6 +72,7 @@ def table_rows(result: RoundResult, now_ms: int) -> list[tuple[str, pa.Table]]:
         (UNDELIVERED, _undelivered(result, now_ms)),
         (RETRIES, _retries(result, now_ms)),
         (METRICS, _metrics(result)),
+        (TRACKING, _tracking(result, now_ms)),
         (OFFSETS, _offsets(result, now_ms)),
     ]
 
@@ -89,6 +93,26 @@ def _undelivered(result: RoundResult, now_ms: int) -> pa.Table:
                 "writer": result.writer,
             })
     return pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)
+
+
+def _tracking(result: RoundResult, now_ms: int) -> pa.Table:
+    """The steps of the messages of subscriptions that track them: every step (trackingAll, recorded by the
+    lanes) and the discards (discardedOnly too)."""
+    rows = []
+    for outcome in result.outcomes:
+        subscription = outcome.subscription
+        if subscription.trackingMode == "trackingOff":
+            continue
+        steps = [(s.partition, s.offset, s.message_id, s.status, s.event_ms, s.reason, s.http_status)
+                 for s in outcome.traced] if subscription.trackingMode == "trackingAll" else []
+        steps += [(d.partition, d.offset, d.message_id, DISCARDED, d.discarded_ms or now_ms, d.reason, d.http_status)
+                  for d in outcome.discarded]
+        for partition, offset, message_id, status, event_ms, reason, http_status in steps:
+            rows.append({"message_id": message_id, "timestamp": at_ms(event_ms), "subscription": subscription.id,
+                         "topic_name": subscription.topicName, "status": status, "reason": reason,
+                         "http_status": http_status, "partition": partition, "offset": offset,
+                         "cluster": result.cluster, "batch_id": result.batch_id, "writer": result.writer})
+    return pa.Table.from_pylist(rows, schema=TRACKING_SCHEMA)
 
 
 def retry_row(subscription: Subscription, record: Record, state: RetryState | None, status: str, now_ms: int,

@@ -17,6 +17,7 @@ OFFSETS = "offsets"
 METRICS = "metrics"
 RETRIES = "retries"
 RETRANSMISSIONS = "retransmissions"
+TRACKING = "tracking"
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -116,8 +117,23 @@ RETRANSMISSIONS_SCHEMA = pa.schema([
     ("writer", pa.string()),
 ])
 
+TRACKING_SCHEMA = pa.schema([  # Hermes' message tracking (its fields, in this project's column style)
+    ("message_id", pa.string()),
+    ("timestamp", _TIMESTAMP),  # when the step happened
+    ("subscription", pa.string()),
+    ("topic_name", pa.string()),
+    ("status", pa.string()),  # INFLIGHT | FAILED | SUCCESS | DISCARDED | FILTERED
+    ("reason", pa.string()),  # FAILED and DISCARDED: why
+    ("http_status", pa.int32()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("cluster", pa.string()),
+    ("batch_id", pa.int64()),
+    ("writer", pa.string()),
+])
+
 SCHEMAS = {UNDELIVERED: UNDELIVERED_SCHEMA, OFFSETS: OFFSETS_SCHEMA, METRICS: METRICS_SCHEMA,
-           RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA}
+           RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA, TRACKING: TRACKING_SCHEMA}
 
 PARKED, HELD, DELIVERED, DISCARDED = "PARKED", "HELD", "DELIVERED", "DISCARDED"
 
