@@ -63,12 +63,30 @@ def _subscription(config: HeraldConfig, subscription_id: str):
 
 
 def cmd_validate(args) -> int:
+    if args.json:
+        return _validate_json(args.conf)
     config = _load(args.conf)
     for note in config.notes:
         print(f"note: {note}")
     active = sum(1 for s in config.subscriptions if s.active)
     print(f"{args.conf}: valid: {len(config.topics)} topic(s), {len(config.subscriptions)} subscription(s) "
           f"({active} ACTIVE)")
+    return 0
+
+
+def _validate_json(conf: str) -> int:
+    """`validate --json`: {valid, topics, subscriptions, active, notes, problems: [{file, key, message}]}; exit 2
+    when invalid."""
+    from dataclasses import asdict
+
+    try:
+        config = load_config(Path(conf))
+    except ConfigError as error:
+        print(json.dumps({"valid": False, "problems": [asdict(p) for p in error.problems]}, indent=2))
+        return 2
+    print(json.dumps({"valid": True, "topics": len(config.topics), "subscriptions": len(config.subscriptions),
+                      "active": sum(1 for s in config.subscriptions if s.active), "notes": list(config.notes),
+                      "problems": []}, indent=2))
     return 0
 
 
@@ -364,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    command("validate", cmd_validate, "check every file of a configuration directory")
+    validate = command("validate", cmd_validate, "check every file of a configuration directory (exit 2: invalid)")
+    validate.add_argument("--json", action="store_true", help="the result and every problem as JSON")
 
     run = command("run", cmd_run, "deliver every ACTIVE subscription (one streaming query per Kafka topic, "
                                   "shared by its subscriptions)")
