@@ -12,7 +12,9 @@ What it does (prints figures, asserts nothing):
    the client's default partitioner instead, which fills keyless partitions very unequally).
 3. Runs, each in its own subprocess, in the order baseline, aiohttp, Herald (1 batch), baseline, aiohttp,
    Herald (4 batches), baseline, aiohttp, so that every Herald run is bracketed by baseline runs and none
-   gets a warm-cache advantage; each baseline's figure is the mean of its three runs.
+   gets a warm-cache advantage; each baseline's figure is the mean of its runs. Then Herald (4 batches) with
+   `trackingAll` and a last baseline: the `tracking:` line is its time against the trackingOff run
+   (--no-tracking skips it).
    - aiohttp (what a strong engineer would write instead): the same consumer feeding aiohttp on asyncio,
      one ClientSession with at most K connections, at most K messages unanswered.
    - baseline: confluent-kafka Consumer assigned to all partitions from offset 0, `consume()` in bulk, each
@@ -575,7 +577,7 @@ def run_herald(args) -> dict:
     from herald.engine.topic import TopicPipeline
     from herald.engine.session import get_or_create_session
     from herald.storage import DeltaRsStore
-    from herald.storage.tables import METRICS
+    from herald.storage.tables import METRICS, TRACKING
     from tests.support.herald_env import write_conf
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -589,7 +591,7 @@ def run_herald(args) -> dict:
     workdir = Path(args.workdir)
     conf = write_conf(
         workdir, args.bootstrap, args.topic,
-        {SUBSCRIPTION: {"endpoint": args.url,
+        {SUBSCRIPTION: {"endpoint": args.url, "trackingMode": args.tracking,
                         "subscriptionPolicy": {"inflightSize": args.inflight, "rate": 100000}}},
         settings={"streaming": {"maxOffsetsPerTrigger": args.max_offsets}},
     )
@@ -641,8 +643,10 @@ def run_herald(args) -> dict:
             "tasks_start_s": (started_ms - run_started_ms) / 1000 if started_ms else None,
             "tasks_end_s": (finished_ms - run_started_ms) / 1000 if finished_ms else None,
         })
+    tracking_rows = DeltaRsStore(config.storage_path).read(TRACKING).num_rows if args.tracking != "trackingOff" else 0
     spark.stop()
     return {
+        "tracking_rows": tracking_rows,
         "seconds": run_s,
         "to_last_delivery_s": max((m["tasks_end_s"] or 0) for m in metrics) if metrics else None,
         "session_s": session_s,
@@ -836,6 +840,15 @@ def report(args, sink, runs: list[dict], produce_s: float) -> None:
               f"({1 - in_tasks / r['seconds']:.0%})")
         print(f"  sum of triggers {triggers:.2f} s; outside any trigger (query start, first offsets, stop) "
               f"{r['seconds'] - triggers:.2f} s; last task finished at {r['to_last_delivery_s']:.2f} s")
+    tracked = [r for r in heralds if r["label"].endswith("trackingAll")]
+    untracked = [r for r in heralds if r["label"] == "herald 4 batches"]
+    if tracked and untracked:
+        on, off = tracked[0], untracked[0]
+        rows_written = on.get("tracking_rows")
+        print()
+        print(f"tracking: trackingAll / trackingOff time ratio {on['seconds'] / off['seconds']:.2f} "
+              f"({on['seconds']:.2f} s vs {off['seconds']:.2f} s, 4 batches each; "
+              f"CPU {on['tree_cpu_s']:.1f} vs {off['tree_cpu_s']:.1f} CPU-s; {rows_written} tracking rows)")
     if heralds:
         print()
         print("  columns (s): trigger..commit = Spark's StreamingQueryProgress.durationMs (triggerExecution, "
@@ -875,6 +888,10 @@ def orchestrate(args) -> None:
                 ("herald", ["--max-offsets", str(max(1, n // 4))], "herald 4 batches"),
                 ("baseline", [], "baseline #3"),
                 ("aiohttp", [], "aiohttp #3")]
+        if not args.no_tracking:
+            plan += [("herald", ["--max-offsets", str(max(1, n // 4)), "--tracking", "trackingAll"],
+                      "herald 4b trackingAll"),
+                     ("baseline", [], "baseline #4")]
         runs = []
         for role, extra, label in plan:
             if role == "herald":
@@ -909,6 +926,8 @@ def main() -> None:
     for internal in ("--bootstrap", "--topic", "--url", "--result", "--workdir"):
         parser.add_argument(internal, help=argparse.SUPPRESS)
     parser.add_argument("--max-offsets", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tracking", default="trackingOff", help=argparse.SUPPRESS)
+    parser.add_argument("--no-tracking", action="store_true", help="skip the trackingAll run (its cost line)")
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
