@@ -13,7 +13,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from herald.delivery.flow import FlowSettings
 from herald.delivery.policy import RetryPolicy
@@ -271,6 +271,30 @@ class SerialPolicy(Strict):
     sendingDelay: Annotated[int, Field(ge=0, le=5000)] = 0  # milliseconds
 
 
+class Signing(Strict):
+    """Standard Webhooks signing (`herald.delivery.signing`): one signature per secret, for key rotation.
+    Secrets are normally `${env:NAME}` references; they are never shown."""
+
+    secrets: Annotated[list[SecretStr], Field(min_length=1, max_length=10)]
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: list[SecretStr]) -> list[SecretStr]:
+        from herald.delivery.signing import signing_key
+
+        for index, secret in enumerate(value):
+            try:
+                signing_key(secret.get_secret_value())
+            except ValueError as error:
+                raise ValueError(f"secrets[{index}]: {error}") from None
+        return value
+
+    def keys(self) -> tuple[bytes, ...]:
+        from herald.delivery.signing import signing_key
+
+        return tuple(signing_key(secret.get_secret_value()) for secret in self.secrets)
+
+
 class Subscription(Strict):
     topicName: str
     name: str
@@ -289,6 +313,7 @@ class Subscription(Strict):
     subscriptionPolicy: SerialPolicy = SerialPolicy()
     endpointAddressResolverMetadata: dict = Field(default_factory=dict)  # accepted; the default resolver ignores it
     startingOffsets: Literal["latest", "earliest"] = "latest"
+    signing: Signing | None = None
 
     @field_validator("name")
     @classmethod

@@ -41,6 +41,7 @@ from herald.delivery.report import (
     Parked,
     Traced,
 )
+from herald.delivery.signing import signature_lines
 from herald.delivery.transport import HttpAnswer, HttpRequest
 
 StartAttempt = Callable[[HttpRequest, object], None]
@@ -153,7 +154,7 @@ class Lane:
                 self._open_first += 1
             self.open += 1
             self.counters.attempts += 1
-            start(self._request(delivery), (self, delivery, now))
+            start(self._request(delivery, now_ms), (self, delivery, now))
             delivery.attempts += 1
             started += 1
         return None, started
@@ -267,7 +268,9 @@ class Lane:
     def _push(self, delivery: Delivery) -> None:
         heapq.heappush(self._waiting, (delivery.due_at, next(self._sequence), delivery))
 
-    def _request(self, delivery: Delivery) -> HttpRequest:
+    def _request(self, delivery: Delivery, now_ms: int) -> HttpRequest:
+        """One attempt: the subscription's lines, the message id and retry count, Avro's schema lines, and the
+        signature of the exact body when the subscription signs (timestamp: `now_ms`, in whole seconds)."""
         record = delivery.record
         lines = self._lines + (f"Hermes-Message-Id: {record.message_id}", f"Hermes-Retry-Count: {delivery.attempts}")
         if self.plan.avro:
@@ -277,6 +280,8 @@ class Lane:
                 lines += (f"Schema-Version: {record.schema_version}",)
         plan = self.plan
         body = (record.avro if plan.avro else record.body) or b""
+        if plan.signing_keys:
+            lines += signature_lines(plan.signing_keys, record.message_id, now_ms // 1000, body)
         return HttpRequest(plan.url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
 
     def _trace(self, record: Record, status: str, now_ms: int, reason: str | None = None,

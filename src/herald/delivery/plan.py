@@ -32,6 +32,7 @@ class LanePlan:
     resume: (partition, offset) -> the retry state a message continues from (carried from an earlier round).
     positional: False for parked retries, which stand outside any position: whatever is unfinished at the end
         is parked again.
+    signing_keys: with keys, every attempt is signed (Standard Webhooks, `herald.delivery.signing`).
     tracking: what the lane records of each message's history (`herald.delivery.report.TRACK_*`): nothing,
         its failed attempts and its end (the driver adds DISCARDED rows from the discards), or everything.
     """
@@ -53,6 +54,7 @@ class LanePlan:
     resume: dict[tuple[int, int], RetryState] = field(default_factory=dict, repr=False)
     positional: bool = True
     tracking: str = "off"
+    signing_keys: tuple[bytes, ...] = field(default=(), repr=False)  # HMAC keys: never printed
 
     @property
     def tracks_all(self) -> bool:

@@ -83,4 +83,5 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         resume={} if retries else state.live_carried(),
         positional=not retries,
         tracking=TRACKING[subscription.trackingMode],
+        signing_keys=subscription.signing.keys() if subscription.signing is not None else (),
     )
