@@ -30,7 +30,7 @@ def test_the_plan_pickles_and_never_shows_credentials():
     assert pickle.loads(pickle.dumps(plan)) == plan
     assert "secret" not in repr(plan) and "Authorization" not in repr(plan)
     lane = plan.lanes[0]
-    assert any(line.startswith("Authorization: Basic ") for line in lane.header_lines)
+    assert lane.targets[0].authorization.startswith("Authorization: Basic ")
     shares = [lane.share(3, i) for i in range(3)]
     assert [s.inflight for s in shares] == [4, 3, 3] and abs(sum(s.rate_per_s for s in shares) - 100) < 1e-9
 

@@ -48,8 +48,11 @@ def test_a_schema_rejects_what_the_loader_rejects():
     jsonschema.validate(valid, subscription)
     with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
         jsonschema.validate({**valid, "endpoitn": "typo"}, subscription)
-    with pytest.raises(jsonschema.ValidationError, match="'endpoint' is a required property"):
+    with pytest.raises(jsonschema.ValidationError, match="is not valid under any of the given schemas"):
         jsonschema.validate({"topicName": "g.t", "name": "s"}, subscription)
+    jsonschema.validate({"topicName": "g.t", "name": "s", "endpoints": ["http://a/", "http://b/"]}, subscription)
+    with pytest.raises(jsonschema.ValidationError, match="valid under each of"):
+        jsonschema.validate({**valid, "endpoints": ["http://a/"]}, subscription)
 
 
 def test_herald_schema_writes_every_schema(tmp_path, capsys):

@@ -13,7 +13,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from herald.delivery.flow import FlowSettings
 from herald.delivery.policy import RetryPolicy
@@ -271,6 +271,12 @@ class SerialPolicy(Strict):
     sendingDelay: Annotated[int, Field(ge=0, le=5000)] = 0  # milliseconds
 
 
+def _url(value: str) -> str:
+    """An endpoint URL, checked (placeholders included); the error masks its password."""
+    Endpoint.parse(value)
+    return value
+
+
 class Signing(Strict):
     """Standard Webhooks signing (`herald.delivery.signing`): one signature per secret, for key rotation.
     Secrets are normally `${env:NAME}` references; they are never shown."""
@@ -296,9 +302,12 @@ class Signing(Strict):
 
 
 class Subscription(Strict):
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["endpoint"]}, {"required": ["endpoints"]}]})
+
     topicName: str
     name: str
-    endpoint: str
+    endpoint: str | None = None
+    endpoints: Annotated[list[Annotated[str, AfterValidator(_url)]], Field(min_length=1, max_length=100)] | None = None
     description: str = ""
     owner: Owner | None = None
     contact: str | None = None
@@ -324,9 +333,14 @@ class Subscription(Strict):
 
     @field_validator("endpoint")
     @classmethod
-    def _endpoint(cls, value: str) -> str:
-        Endpoint.parse(value)  # raises ValueError with the URL masked
-        return value
+    def _endpoint(cls, value: str | None) -> str | None:
+        return _url(value) if value is not None else None
+
+    @model_validator(mode="after")
+    def _one_endpoint_form(self) -> Subscription:
+        if (self.endpoint is None) == (self.endpoints is None):
+            raise ValueError("give either endpoint (one URL) or endpoints (a list of URLs)")
+        return self
 
     @property
     def id(self) -> str:
@@ -338,8 +352,19 @@ class Subscription(Strict):
         return self.state == "ACTIVE"
 
     @property
+    def endpoint_urls(self) -> list[str]:
+        """The configured URLs (credentials included: never show them; see `targets`)."""
+        return [self.endpoint] if self.endpoint is not None else list(self.endpoints or [])
+
+    @property
+    def targets(self) -> list[Endpoint]:
+        """Every endpoint, credentials split out (ANYCAST spreads attempts over them round-robin)."""
+        return [Endpoint.parse(url) for url in self.endpoint_urls]
+
+    @property
     def target(self) -> Endpoint:
-        return Endpoint.parse(self.endpoint)
+        """The first (or only) endpoint."""
+        return self.targets[0]
 
     @cached_property
     def delivery_spec(self) -> DeliverySpec:
@@ -379,6 +404,7 @@ class Subscription(Strict):
         return copy
 
     def __repr__(self) -> str:  # never show the endpoint's password
-        return f"Subscription({self.id!r}, endpoint={self.target.masked!r}, state={self.state})"
+        shown = ", ".join(target.masked for target in self.targets)
+        return f"Subscription({self.id!r}, endpoint={shown!r}, state={self.state})"
 
     __str__ = __repr__

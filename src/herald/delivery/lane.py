@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import math
 import random
 from collections import deque
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from herald.delivery.flow import FlowController, RateCap
 from herald.delivery.message import Delivery, Record
 from herald.delivery.outcome import Verdict, classify
-from herald.delivery.plan import LanePlan
+from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
 from herald.delivery.report import (
     FAILED,
@@ -43,6 +44,7 @@ from herald.delivery.report import (
 )
 from herald.delivery.signing import signature_lines
 from herald.delivery.transport import HttpAnswer, HttpRequest
+from herald.endpoint import MissingField, fill
 
 StartAttempt = Callable[[HttpRequest, object], None]
 
@@ -71,6 +73,9 @@ class Lane:
         self._resume = plan.resume
         self._stalled_since: float | None = None
         self._lines = plan.header_lines
+        self._targets = plan.targets or (Target(plan.url),)
+        self._templated = any(target.templated for target in self._targets)
+        self._next_target = 0  # round-robin over the targets, per lane
         self._tracing = plan.tracks_all  # records INFLIGHT, FAILED, SUCCESS and FILTERED steps (DISCARDED: the
         # driver, from the discards, for discardedOnly too)
 
@@ -112,6 +117,12 @@ class Lane:
         while self.pending and self.in_flight < self.plan.inflight:
             record = self.pending.popleft()
             admitted.append(record)
+            urls = None
+            if self._templated:
+                urls = self._fill(record)
+                if isinstance(urls, str):
+                    self._discard_record(record, urls, EndedBy.TEMPLATE, None, 0, now_ms)
+                    continue
             state = self._resume.get((record.partition, record.offset)) if self._resume else None
             if state is not None:
                 delivery = Delivery.resumed(record, state, now, now_ms)
@@ -121,6 +132,7 @@ class Lane:
                     delay_s = max(0.0, self.plan.sending_delay_s - max(0, now_ms - record.timestamp_ms) / 1000)
                 delivery = Delivery(record, first_read_at=now, due_at=now + delay_s)
                 self._fresh += 1
+            delivery.urls = urls
             self._push(delivery)
             self.in_flight += 1
         if admitted:
@@ -268,11 +280,35 @@ class Lane:
     def _push(self, delivery: Delivery) -> None:
         heapq.heappush(self._waiting, (delivery.due_at, next(self._sequence), delivery))
 
+    def _fill(self, record: Record) -> tuple[str, ...] | str:
+        """Each target's URL with the message's values in its placeholders, or why the message cannot be sent."""
+        try:
+            document = json.loads(record.body or b"")
+        except ValueError:
+            return "Endpoint template: the message is not JSON"
+        try:
+            return tuple(fill(target.url, document) for target in self._targets)
+        except MissingField as error:
+            return str(error)
+
+    def _target_of(self, delivery: Delivery) -> int:
+        """ANYCAST: a message's first attempt here goes to the next target round-robin, each retry to the next
+        one after its last."""
+        if delivery.target < 0:
+            delivery.target = self._next_target - delivery.attempts
+            self._next_target = (self._next_target + 1) % len(self._targets)
+        return (delivery.target + delivery.attempts) % len(self._targets)
+
     def _request(self, delivery: Delivery, now_ms: int) -> HttpRequest:
-        """One attempt: the subscription's lines, the message id and retry count, Avro's schema lines, and the
-        signature of the exact body when the subscription signs (timestamp: `now_ms`, in whole seconds)."""
+        """One attempt: the subscription's lines, the target's Authorization, the message id and retry count,
+        Avro's schema lines, and the signature of the exact body when the subscription signs (timestamp:
+        `now_ms`, in whole seconds)."""
         record = delivery.record
-        lines = self._lines + (f"Hermes-Message-Id: {record.message_id}", f"Hermes-Retry-Count: {delivery.attempts}")
+        index = self._target_of(delivery) if len(self._targets) > 1 else 0
+        target = self._targets[index]
+        url = delivery.urls[index] if delivery.urls is not None else target.url
+        lines = self._lines + ((target.authorization,) if target.authorization else ()) + (
+            f"Hermes-Message-Id: {record.message_id}", f"Hermes-Retry-Count: {delivery.attempts}")
         if self.plan.avro:
             if record.schema_id is not None:
                 lines += (f"Schema-Id: {record.schema_id}",)
@@ -282,7 +318,7 @@ class Lane:
         body = (record.avro if plan.avro else record.body) or b""
         if plan.signing_keys:
             lines += signature_lines(plan.signing_keys, record.message_id, now_ms // 1000, body)
-        return HttpRequest(plan.url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
+        return HttpRequest(url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
 
     def _trace(self, record: Record, status: str, now_ms: int, reason: str | None = None,
                http_status: int | None = None) -> None:

@@ -75,7 +75,7 @@ class Delivery:
     """One subscription's message in flight in a task; times are the task's monotonic seconds."""
 
     __slots__ = ("record", "first_read_at", "due_at", "attempts", "backoff_s", "last_status", "last_reason",
-                 "finished")
+                 "finished", "target", "urls")
 
     def __init__(self, record: Record, first_read_at: float, due_at: float) -> None:
         self.record = record
@@ -86,6 +86,8 @@ class Delivery:
         self.last_status: int | None = None
         self.last_reason = ""
         self.finished: str | None = None
+        self.target = -1  # the index of the lane's target its first attempt here went to (-1: none yet)
+        self.urls: tuple[str, ...] | None = None  # templated targets: each target's URL filled for this message
 
     @classmethod
     def resumed(cls, record: Record, state: RetryState, now: float, now_ms: int) -> Delivery:

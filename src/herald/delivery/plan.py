@@ -15,10 +15,26 @@ from herald.delivery.policy import RetryPolicy
 
 
 @dataclass(frozen=True)
+class Target:
+    """One endpoint of a subscription: its URL without credentials (it may hold `{json.path}` placeholders,
+    see `herald.endpoint.fill`) and the Authorization header line its credentials give (never printed)."""
+
+    url: str
+    authorization: str | None = field(default=None, repr=False)
+
+    @property
+    def templated(self) -> bool:
+        return "{" in self.url
+
+
+@dataclass(frozen=True)
 class LanePlan:
     """One subscription's share of a task.
 
-    url: the endpoint without credentials (the Authorization line in `header_lines` carries them).
+    url: the endpoint without credentials, when `targets` is empty (the lines in `header_lines` then carry any
+        Authorization); otherwise the first target's, for people.
+    targets: the endpoints, each with its own Authorization line; ANYCAST sends each message's first attempt
+        to the next one round-robin and each retry to the one after its last.
     header_lines: the lines every attempt carries ("Name: value"); each attempt adds its id and retry count.
     inflight: messages the round's tasks may hold in flight for the subscription, together (inflightSize less
         what parked retries hold); each task takes its share (`share`), so the sum never exceeds it. A task
@@ -55,6 +71,7 @@ class LanePlan:
     positional: bool = True
     tracking: str = "off"
     signing_keys: tuple[bytes, ...] = field(default=(), repr=False)  # HMAC keys: never printed
+    targets: tuple[Target, ...] = ()
 
     @property
     def tracks_all(self) -> bool:

@@ -25,6 +25,7 @@ class EndedBy:
     TTL = "messageTtl"  # no retry could start within messageTtl of the first read ("Total timeout elapsed")
     MAX_ATTEMPTS = "maxAttempts"
     DECODE = "decode"  # the record could not be decoded; never sent
+    TEMPLATE = "template"  # an endpoint placeholder has no value in the message; never sent
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,13 @@ from herald.config import Subscription
 from herald.config.model import ContentType
 from herald.delivery.flow import FlowSettings
 from herald.delivery.headers import (
+    AUTHORIZATION,
     AVRO_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
     basic_authorization,
     static_headers,
 )
-from herald.delivery.plan import LanePlan
+from herald.delivery.plan import LanePlan, Target
 from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TRACK_OFF
 from herald.delivery.spec import DeliverySpec
 from herald.engine.state import SubscriptionState
@@ -33,18 +34,23 @@ def spec_of(subscription: Subscription) -> DeliverySpec:
 
 
 def header_lines(subscription: Subscription) -> tuple[str, ...]:
-    """The header lines every attempt of the subscription carries (Authorization included: never log them)."""
-    target = subscription.target
-    authorization = basic_authorization(target.user, target.password or "") if target.user is not None else None
+    """The header lines every attempt of the subscription carries (each target adds its own Authorization)."""
     headers = static_headers(
         AVRO_CONTENT_TYPE if subscription.contentType is ContentType.AVRO else JSON_CONTENT_TYPE,
         subscription.topicName,
         subscription.name,
         subscription.subscriptionIdentityHeadersEnabled,
         tuple((header.name, header.value) for header in subscription.headers),
-        authorization,
     )
     return tuple(f"{name}: {value}" for name, value in headers.items())
+
+
+def targets(subscription: Subscription) -> tuple[Target, ...]:
+    """The subscription's endpoints with the Authorization line of their credentials (never log them)."""
+    return tuple(
+        Target(endpoint.url, f"{AUTHORIZATION}: {basic_authorization(endpoint.user, endpoint.password or '')}"
+               if endpoint.user is not None else None)
+        for endpoint in subscription.targets)
 
 
 def split_inflight(inflight: int, parked: int) -> tuple[int, int]:
@@ -65,9 +71,11 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
     reading, for_retries = split_inflight(spec.inflight, parked)
     slots = for_retries if retries else reading
     rate_per_s = spec.rate_per_s * slots / (reading + for_retries)
+    endpoints = targets(subscription)
     return LanePlan(
         subscription_id=subscription.id,
-        url=subscription.target.url,
+        url=endpoints[0].url,
+        targets=endpoints,
         header_lines=header_lines(subscription),
         retry=spec.retry,
         inflight=slots,
