@@ -4,6 +4,8 @@ subscribers and Delta tables."""
 from __future__ import annotations
 
 import base64
+import json
+import time
 
 import pytest
 
@@ -11,7 +13,9 @@ from herald import readout
 from herald.config import load_config
 from herald.engine.runner import Runner
 from tests.support.herald_env import produce, write_conf
-from tests.support.subscriber import ScriptedSubscriber
+from herald.storage import DeltaRsStore
+from herald.storage.tables import RETRIES, UNDELIVERED
+from tests.support.subscriber import Received, Reply, ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -52,3 +56,59 @@ def test_a_template_endpoint_is_filled_per_message_and_a_message_without_the_fie
     (row,) = readout.undelivered(config, config.subscription(f"{topic_name}.orders"), limit=5)
     assert row["reason"] == "Endpoint template placeholder {order.id}: the message has no such field"
     assert row["attempts"] == 0 and row["offset"] == 1
+
+
+def test_broadcast_reaches_every_endpoint_retries_only_the_failing_one_and_records_each_miss(
+        broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": 0}, {"i": 1}, {"i": 2}])
+
+    def scripted(request: Received) -> Reply:
+        i = request.json()["i"]
+        if request.path == "/two" and i == 0:
+            return Reply([500, 500, 200][min(request.attempt, 2)])
+        return Reply(400 if request.path == "/two" and i == 2 else 200)
+
+    with ScriptedSubscriber(scripted) as one, ScriptedSubscriber(scripted) as two:
+        endpoints = [one.url + "/one", two.url.replace("http://", "http://bob:pw-two@") + "/two"]
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"fan": {
+            "endpoints": endpoints, "mode": "BROADCAST", "subscriptionPolicy": {"messageBackoff": 50}}})
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    assert sorted(r.json()["i"] for r in one.requests) == [0, 1, 2], "every message reached the healthy endpoint"
+    assert sorted(r.json()["i"] for r in two.requests) == [0, 0, 0, 1, 2]
+    assert [r.headers["Hermes-Retry-Count"] for r in sorted(two.requests, key=lambda r: r.at)
+            if r.json()["i"] == 0] == ["0", "1", "2"]
+    config = load_config(conf)
+    subscription = config.subscription(f"{topic_name}.fan")
+    figures = readout.metrics(config, subscription)
+    assert (figures["delivered"], figures["discarded"]) == (2, 1)
+    (row,) = DeltaRsStore(config.storage_path).read(UNDELIVERED, subscription.id).to_pylist()
+    masked = two.url.replace("http://", "http://bob:*****@") + "/two"
+    assert (row["offset"], row["http_status"], row["endpoint"]) == (2, 400, masked)
+    assert "pw-two" not in json.dumps(row, default=str)
+
+
+def test_a_broadcast_message_parked_at_one_endpoint_is_retried_there_only(broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": 0, "replies": [[503], [503], [503], [200]]}, {"i": 1}])
+    with ScriptedSubscriber(lambda request: Reply()) as one, ScriptedSubscriber() as two:  # one: always 200
+        endpoints = [one.url + "/one", two.url + "/two"]
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"fan": {
+            "endpoints": endpoints, "mode": "BROADCAST", "subscriptionPolicy": {"messageBackoff": 400}},
+        }, settings={"streaming": {"parkAfterMs": 100}})
+        runner = Runner(load_config(conf), spark=spark)
+        assert runner.run(once=True) == 0
+        runs = 1
+        while sum(1 for r in two.requests if r.json()["i"] == 0) < 4 and runs < 6:
+            time.sleep(0.5)
+            assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+            runs += 1
+    first = [r for r in sorted(one.requests + two.requests, key=lambda r: r.at) if r.json()["i"] == 0]
+    assert [r.path for r in first].count("/one") == 1
+    assert [r.headers["Hermes-Retry-Count"] for r in first if r.path == "/two"] == ["0", "1", "2", "3"]
+    assert sorted(r.json()["i"] for r in one.requests) == [0, 1], "the endpoint that answered is not sent again"
+    rows = DeltaRsStore(str(tmp_path / "storage")).read(RETRIES, f"{topic_name}.fan").to_pylist()
+    parked = [row for row in rows if row["state"] == "PARKED"]
+    assert parked and all(json.loads(row["targets"])[0][0] == 1 and len(json.loads(row["targets"])) == 1
+                          for row in parked), "only endpoint 1 (/two) is left to reach"
+    assert max(rows, key=lambda row: row["recorded_at"])["state"] == "DELIVERED"

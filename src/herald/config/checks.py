@@ -61,12 +61,9 @@ def check_subscription(subscription: Subscription, topics: dict[str, Topic], fil
         maybe = f"; {', '.join(unnamed)}, which may define it, is invalid" if unnamed else ""
         problems.append(Problem(file, "topicName", f"topic {subscription.topicName} is not defined in topics/ "
                                                    f"(defined: {known}){maybe}"))
-    for key, value, planned in (
-        ("deliveryType", subscription.deliveryType, "SERIAL"),
-        ("mode", subscription.mode, "ANYCAST"),
-    ):
-        if value != planned:
-            problems.append(Problem(file, key, f"{value} is not supported yet (only {planned})"))
+    if subscription.deliveryType != "SERIAL":
+        problems.append(Problem(file, "deliveryType", f"{subscription.deliveryType} is not supported yet (only "
+                                                      "SERIAL)"))
     if topic is not None and subscription.contentType is ContentType.AVRO and topic.contentType is ContentType.JSON:
         problems.append(Problem(file, "contentType", f"AVRO delivery needs an AVRO topic; {topic.name} is JSON"))
     for index, spec in enumerate(subscription.filters):

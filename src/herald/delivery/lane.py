@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 
 from herald.delivery.flow import FlowController, RateCap
-from herald.delivery.message import Delivery, Record
+from herald.delivery.message import Broadcast, Delivery, Record, RetryState, TargetState
 from herald.delivery.outcome import Verdict, classify
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
@@ -124,21 +124,44 @@ class Lane:
                     self._discard_record(record, urls, EndedBy.TEMPLATE, None, 0, now_ms)
                     continue
             state = self._resume.get((record.partition, record.offset)) if self._resume else None
-            if state is not None:
-                delivery = Delivery.resumed(record, state, now, now_ms)
+            if self.plan.broadcast:
+                self._admit_broadcast(record, state, urls, now, now_ms)
             else:
-                delay_s = 0.0
-                if self.plan.sending_delay_s > 0:
-                    delay_s = max(0.0, self.plan.sending_delay_s - max(0, now_ms - record.timestamp_ms) / 1000)
-                delivery = Delivery(record, first_read_at=now, due_at=now + delay_s)
-                self._fresh += 1
-            delivery.urls = urls
-            self._push(delivery)
+                delivery = self._delivery(record, state, now, now_ms)
+                delivery.urls = urls
+                self._push(delivery)
             self.in_flight += 1
         if admitted:
             self.counters.inflight_peak = max(self.counters.inflight_peak, self.in_flight)
             self._stalled_since = None
         return admitted
+
+    def _delivery(self, record: Record, state, now: float, now_ms: int) -> Delivery:
+        """A message entering flight: new (after any sending delay) or continuing from its retry `state`."""
+        if state is not None:
+            delivery = Delivery.resumed(record, state, now, now_ms)
+            if delivery.attempts == 0:
+                self._fresh += 1
+            return delivery
+        delay_s = 0.0
+        if self.plan.sending_delay_s > 0:
+            delay_s = max(0.0, self.plan.sending_delay_s - max(0, now_ms - record.timestamp_ms) / 1000)
+        self._fresh += 1
+        return Delivery(record, first_read_at=now, due_at=now + delay_s)
+
+    def _admit_broadcast(self, record: Record, state, urls, now: float, now_ms: int) -> None:
+        """One delivery per endpoint the message has not reached yet (every endpoint, unless it continues)."""
+        group = Broadcast()
+        if state is not None and state.targets:
+            members = [(target.index, state.at_target(target)) for target in state.targets]
+        else:
+            members = [(index, state) for index in range(len(self._targets))]
+        for index, member_state in members:
+            delivery = self._delivery(record, member_state, now, now_ms)
+            delivery.target, delivery.urls, delivery.group = index, urls, group
+            group.members.append(delivery)
+            self._push(delivery)
+        group.remaining = len(group.members)
 
     def dispatch(self, now: float, now_ms: int, room: int, start: StartAttempt) -> tuple[float | None, int]:
         """Start due attempts, at most `room` (the transport's free places). Returns (when to look again, or None
@@ -146,7 +169,7 @@ class Lane:
         started = 0
         if self.settling:
             return None, 0
-        limit = self.flow.concurrency(self.plan.inflight)
+        limit = self.flow.concurrency(self.plan.inflight) * (len(self._targets) if self.plan.broadcast else 1)
         while self._waiting and self.open < limit:
             due_at, _, delivery = self._waiting[0]
             if due_at > now:
@@ -165,6 +188,8 @@ class Lane:
                 self._fresh -= 1
                 self._open_first += 1
             self.open += 1
+            if delivery.group is not None:
+                delivery.group.started = True
             self.counters.attempts += 1
             start(self._request(delivery, now_ms), (self, delivery, now))
             delivery.attempts += 1
@@ -187,10 +212,10 @@ class Lane:
         self.flow.record(outcome.slows, started_at)
         if outcome.verdict is Verdict.DELIVERED:
             delivery.finish("delivered")
-            self.in_flight -= 1
-            counters.delivered += 1
-            if self._tracing:
-                self._trace(delivery.record, SUCCESS, now_ms)
+            if self._message_done(delivery, failed=False) and (delivery.group is None or not delivery.group.failed):
+                counters.delivered += 1
+                if self._tracing:
+                    self._trace(delivery.record, SUCCESS, now_ms)
             return
         delivery.last_status, delivery.last_reason = outcome.status, outcome.reason
         if self._tracing:
@@ -238,23 +263,34 @@ class Lane:
         assert self.open == 0, "settle with attempts open"
         dropped = [] if input_done or self.cut else self.cut_input(progress)
         dropped += self._leave_pending()
-        retrying = []
+        retrying: list[tuple[Record, RetryState, list[Delivery]]] = []
+        groups: dict[int, list[Delivery]] = {}
         for _, _, delivery in self._waiting:
-            if delivery.attempts == 0 and self.plan.positional:
+            if delivery.group is not None:
+                groups.setdefault(id(delivery.group), []).append(delivery)
+            elif delivery.attempts == 0 and self.plan.positional:
                 self._stop(delivery.record.partition, delivery.record.offset)
             else:
-                retrying.append(delivery)
-        self._waiting.clear()
-        for delivery in sorted(retrying, key=lambda d: (d.record.partition, d.record.offset)):
-            record = delivery.record
-            if self.plan.positional and (self.plan.ordered
-                                         or record.offset >= self.report.stops.get(record.partition, math.inf)):
-                delivery.finish("carried")
-                self.report.carried.append(Carried(record.partition, record.offset, delivery.state(now, now_ms)))
+                retrying.append((delivery.record, delivery.state(now, now_ms), [delivery]))
+        for members in groups.values():
+            group, record = members[0].group, members[0].record
+            untouched = group.remaining == len(group.members) and all(d.attempts == 0 for d in members)
+            if untouched and self.plan.positional:
                 self._stop(record.partition, record.offset)
             else:
-                delivery.finish("parked")
-                self.report.parked.append(Parked(record, delivery.state(now, now_ms)))
+                retrying.append((record, _broadcast_state(members, now, now_ms), members))
+        self._waiting.clear()
+        for record, state, deliveries in sorted(retrying, key=lambda unit: (unit[0].partition, unit[0].offset)):
+            if self.plan.positional and (self.plan.ordered
+                                         or record.offset >= self.report.stops.get(record.partition, math.inf)):
+                for delivery in deliveries:
+                    delivery.finish("carried")
+                self.report.carried.append(Carried(record.partition, record.offset, state))
+                self._stop(record.partition, record.offset)
+            else:
+                for delivery in deliveries:
+                    delivery.finish("parked")
+                self.report.parked.append(Parked(record, state))
                 self.counters.parked += 1
         self.in_flight = 0
         self._fresh = 0
@@ -304,7 +340,10 @@ class Lane:
         Avro's schema lines, and the signature of the exact body when the subscription signs (timestamp:
         `now_ms`, in whole seconds)."""
         record = delivery.record
-        index = self._target_of(delivery) if len(self._targets) > 1 else 0
+        if delivery.group is not None:
+            index = delivery.target
+        else:
+            index = self._target_of(delivery) if len(self._targets) > 1 else 0
         target = self._targets[index]
         url = delivery.urls[index] if delivery.urls is not None else target.url
         lines = self._lines + ((target.authorization,) if target.authorization else ()) + (
@@ -342,16 +381,42 @@ class Lane:
         if offset < stops.get(partition, math.inf):
             stops[partition] = offset
 
-    def _discard(self, delivery: Delivery, reason: str, ended_by: str, now_ms: int | None) -> None:
-        delivery.finish("discarded")
+    def _message_done(self, delivery: Delivery, failed: bool) -> bool:
+        """A delivery ended; True when its message has (for BROADCAST, once its last endpoint's has)."""
+        group = delivery.group
+        if group is not None:
+            group.remaining -= 1
+            group.failed += failed
+            if group.remaining:
+                return False
         self.in_flight -= 1
-        self._discard_record(delivery.record, reason, ended_by, delivery.last_status, delivery.attempts, now_ms)
+        return True
+
+    def _discard(self, delivery: Delivery, reason: str, ended_by: str, now_ms: int | None) -> None:
+        """Give up a message (for BROADCAST, at one endpoint: one undelivered row per endpoint it missed)."""
+        delivery.finish("discarded")
+        self._message_done(delivery, failed=True)
+        endpoint = self._targets[delivery.target].shown or self._targets[delivery.target].url \
+            if delivery.group is not None else None
+        self._discard_record(delivery.record, reason, ended_by, delivery.last_status, delivery.attempts, now_ms,
+                             endpoint)
 
     def _discard_record(self, record: Record, reason: str, ended_by: str, status: int | None, attempts: int,
-                        now_ms: int | None) -> None:
+                        now_ms: int | None, endpoint: str | None = None) -> None:
         self.counters.discarded += 1
         self.report.discarded.append(Discarded(
             partition=record.partition, offset=record.offset, message_id=record.message_id, reason=reason,
             ended_by=ended_by, http_status=status, attempts=attempts, message=record.body,
             published_ms=record.timestamp_ms, discarded_ms=now_ms or 0, raw_value=record.raw,
-            schema_id=record.schema_id, schema_version=record.schema_version))
+            schema_id=record.schema_id, schema_version=record.schema_version, endpoint=endpoint))
+
+
+def _broadcast_state(members: list[Delivery], now: float, now_ms: int) -> RetryState:
+    """A BROADCAST message's state: each unfinished endpoint's own, summed up as most attempts, earliest due."""
+    states = [(delivery.target, delivery.state(now, now_ms)) for delivery in members]
+    latest = max(states, key=lambda item: item[1].attempts)[1]
+    return RetryState(
+        attempts=latest.attempts, first_read_ms=latest.first_read_ms, due_ms=min(s.due_ms for _, s in states),
+        last_status=latest.last_status, last_reason=latest.last_reason,
+        targets=tuple(TargetState(index, s.attempts, s.due_ms, s.backoff_s, s.last_status, s.last_reason)
+                      for index, s in sorted(states, key=lambda item: item[0])))

@@ -3,12 +3,14 @@
 - `Record`: one Kafka record as a task reads it (immutable, shared by every subscription it goes to).
 - `RetryState`: where a message's delivery stands, on the wall clock, so it can continue in another task,
   micro-batch or process (parked in the retries table, or carried to a subscription's catch-up).
-- `Delivery`: one subscription's message in flight inside a task, on the task's monotonic clock. It answers
+- `Delivery`: one subscription's message in flight inside a task (for BROADCAST, at one endpoint, the
+  message's deliveries grouped in a `Broadcast`), on the task's monotonic clock. It answers
   exactly once: it ends delivered, discarded, parked or carried, never two of them (`finish` asserts it).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -54,6 +56,21 @@ class Record:
 
 
 @dataclass(frozen=True)
+class TargetState:
+    """A BROADCAST message's progress at one endpoint it has not reached yet (`RetryState` fields, per target)."""
+
+    index: int  # the endpoint's place in the subscription's list
+    attempts: int
+    due_ms: int
+    backoff_s: float | None = None
+    last_status: int | None = None
+    last_reason: str = ""
+
+    def to_list(self) -> list:
+        return [self.index, self.attempts, self.due_ms, self.backoff_s, self.last_status, self.last_reason]
+
+
+@dataclass(frozen=True)
 class RetryState:
     """A message's delivery progress on the wall clock (epoch milliseconds), valid in any process.
 
@@ -61,6 +78,8 @@ class RetryState:
     first_read_ms: when the message was first read (its TTL counts from here).
     due_ms: when the next attempt may start.
     backoff_s: the last un-jittered backoff, which the next one grows from (None before any).
+    targets: BROADCAST: the endpoints still to reach, each with its own progress (the fields above then sum
+        them up: most attempts, earliest due).
     """
 
     attempts: int
@@ -69,13 +88,26 @@ class RetryState:
     backoff_s: float | None = None
     last_status: int | None = None
     last_reason: str = ""
+    targets: tuple[TargetState, ...] = ()
+
+    def targets_json(self) -> str | None:
+        return json.dumps([target.to_list() for target in self.targets]) if self.targets else None
+
+    @staticmethod
+    def targets_from_json(text: str | None) -> tuple[TargetState, ...]:
+        return tuple(TargetState(*item) for item in json.loads(text)) if text else ()
+
+    def at_target(self, target: TargetState) -> RetryState:
+        """The progress at one endpoint, as a message's own."""
+        return RetryState(target.attempts, self.first_read_ms, target.due_ms, target.backoff_s, target.last_status,
+                          target.last_reason)
 
 
 class Delivery:
     """One subscription's message in flight in a task; times are the task's monotonic seconds."""
 
     __slots__ = ("record", "first_read_at", "due_at", "attempts", "backoff_s", "last_status", "last_reason",
-                 "finished", "target", "urls")
+                 "finished", "target", "urls", "group")
 
     def __init__(self, record: Record, first_read_at: float, due_at: float) -> None:
         self.record = record
@@ -88,6 +120,7 @@ class Delivery:
         self.finished: str | None = None
         self.target = -1  # the index of the lane's target its first attempt here went to (-1: none yet)
         self.urls: tuple[str, ...] | None = None  # templated targets: each target's URL filled for this message
+        self.group: Broadcast | None = None  # BROADCAST: the message this delivery to one endpoint is part of
 
     @classmethod
     def resumed(cls, record: Record, state: RetryState, now: float, now_ms: int) -> Delivery:
@@ -114,3 +147,15 @@ class Delivery:
     def finish(self, how: str) -> None:
         assert self.finished is None, f"message {self.record.message_id} already {self.finished}"
         self.finished = how
+
+
+class Broadcast:
+    """A BROADCAST message in flight: one `Delivery` per endpoint (`members`); it ends when every one has."""
+
+    __slots__ = ("members", "remaining", "failed", "started")
+
+    def __init__(self) -> None:
+        self.members: list[Delivery] = []
+        self.remaining = 0  # members not finished
+        self.failed = 0  # members discarded
+        self.started = False  # some member has been attempted

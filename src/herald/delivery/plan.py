@@ -21,6 +21,7 @@ class Target:
 
     url: str
     authorization: str | None = field(default=None, repr=False)
+    shown: str = ""  # the URL as people see it: user kept, password masked (tables, logs)
 
     @property
     def templated(self) -> bool:
@@ -35,6 +36,8 @@ class LanePlan:
         Authorization); otherwise the first target's, for people.
     targets: the endpoints, each with its own Authorization line; ANYCAST sends each message's first attempt
         to the next one round-robin and each retry to the one after its last.
+    broadcast: BROADCAST: each message goes to every target, each with its own attempts and backoff; it is
+        delivered once every target has answered 2xx.
     header_lines: the lines every attempt carries ("Name: value"); each attempt adds its id and retry count.
     inflight: messages the round's tasks may hold in flight for the subscription, together (inflightSize less
         what parked retries hold); each task takes its share (`share`), so the sum never exceeds it. A task
@@ -72,6 +75,7 @@ class LanePlan:
     tracking: str = "off"
     signing_keys: tuple[bytes, ...] = field(default=(), repr=False)  # HMAC keys: never printed
     targets: tuple[Target, ...] = ()
+    broadcast: bool = False
 
     @property
     def tracks_all(self) -> bool:

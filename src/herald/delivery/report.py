@@ -39,6 +39,8 @@ REPORT_SCHEMA = pa.schema([
     ("backoff_s", pa.float64()),
     ("stats", pa.string()),  # task and lane rows: JSON
     ("event", pa.string()),  # traced: INFLIGHT | FAILED | SUCCESS | FILTERED
+    ("endpoint", pa.string()),  # discarded (BROADCAST): the endpoint that did not get it, password masked
+    ("targets", pa.string()),  # parked/carried (BROADCAST): JSON of the endpoints still to reach
 ])
 _DDL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.binary(): "binary",
               pa.float64(): "double"}
@@ -101,6 +103,7 @@ class Discarded:
     raw_value: bytes | None = None  # the original bytes of a record that could not be decoded
     schema_id: int | None = None
     schema_version: int | None = None
+    endpoint: str | None = None  # BROADCAST: the endpoint that did not get it (password masked)
 
 
 TRACK_OFF, TRACK_DISCARDED, TRACK_ALL = "off", "discarded", "all"
@@ -241,9 +244,11 @@ class TaskReport:
 
 def _state_columns(state: RetryState) -> dict:
     return {"attempts": state.attempts, "event_ms": state.first_read_ms, "due_ms": state.due_ms,
-            "backoff_s": state.backoff_s, "http_status": state.last_status, "reason": state.last_reason}
+            "backoff_s": state.backoff_s, "http_status": state.last_status, "reason": state.last_reason,
+            "targets": state.targets_json()}
 
 
 def _state_of(row: dict) -> RetryState:
     return RetryState(attempts=row["attempts"], first_read_ms=row["event_ms"], due_ms=row["due_ms"],
-                      backoff_s=row["backoff_s"], last_status=row["http_status"], last_reason=row["reason"] or "")
+                      backoff_s=row["backoff_s"], last_status=row["http_status"], last_reason=row["reason"] or "",
+                      targets=RetryState.targets_from_json(row["targets"]))

@@ -49,7 +49,7 @@ def targets(subscription: Subscription) -> tuple[Target, ...]:
     """The subscription's endpoints with the Authorization line of their credentials (never log them)."""
     return tuple(
         Target(endpoint.url, f"{AUTHORIZATION}: {basic_authorization(endpoint.user, endpoint.password or '')}"
-               if endpoint.user is not None else None)
+               if endpoint.user is not None else None, endpoint.masked)
         for endpoint in subscription.targets)
 
 
@@ -76,6 +76,7 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         subscription_id=subscription.id,
         url=endpoints[0].url,
         targets=endpoints,
+        broadcast=subscription.mode == "BROADCAST",
         header_lines=header_lines(subscription),
         retry=spec.retry,
         inflight=slots,

@@ -27,7 +27,7 @@ from herald.delivery.report import Parked
 from herald.delivery.sender import TaskSender
 from herald.engine.context import EngineContext, now_ms
 from herald.engine.planner import lane_plan
-from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row, table_rows
 from herald.engine.state import SubscriptionState
 from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, PARKED, RETRIES, epoch_ms
@@ -75,10 +75,7 @@ class RetryDriver:
                                 timestamp_ms=epoch_ms(row["published_at"]) or 0, message_id=row["message_id"],
                                 body=row["body"], avro=row["avro"], schema_id=row["schema_id"],
                                 schema_version=row["schema_version"])
-                state = RetryState(attempts=row["attempts"] or 0, first_read_ms=epoch_ms(row["first_read_at"]) or 0,
-                                   due_ms=epoch_ms(row["due_at"]) or 0,
-                                   backoff_s=row["backoff_ms"] / 1000 if row["backoff_ms"] is not None else None,
-                                   last_status=row["http_status"], last_reason=row["reason"] or "")
+                state = state_of_row(row)
                 self._parked.setdefault(row["subscription"], {})[(record.partition, record.offset)] = \
                     ParkedMessage(record, state, topics[row["subscription"]])
                 loaded += 1

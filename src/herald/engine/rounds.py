@@ -31,6 +31,7 @@ from herald.storage.tables import (
     UNDELIVERED,
     UNDELIVERED_SCHEMA,
     at_ms,
+    epoch_ms,
 )
 
 STREAM, CATCHUP, RETRY = "stream", "catchup", "retry"
@@ -90,7 +91,7 @@ def _undelivered(result: RoundResult, now_ms: int) -> pa.Table:
                 "timestamp": at_ms(item.discarded_ms or now_ms), "published_at": at_ms(item.published_ms),
                 "cluster": result.cluster, "batch_id": result.batch_id, "raw_value": item.raw_value,
                 "schema_id": item.schema_id, "schema_version": item.schema_version, "ended_by": item.ended_by,
-                "writer": result.writer,
+                "writer": result.writer, "endpoint": item.endpoint,
             })
     return pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)
 
@@ -131,8 +132,17 @@ def retry_row(subscription: Subscription, record: Record, state: RetryState | No
         "backoff_ms": state.backoff_s * 1000 if state and state.backoff_s is not None else None,
         "http_status": state.last_status if state else None, "reason": state.last_reason if state else None,
         "schema_id": record.schema_id, "schema_version": record.schema_version, "recorded_at": at_ms(now_ms),
-        "batch_id": batch_id, "writer": writer,
+        "batch_id": batch_id, "writer": writer, "targets": state.targets_json() if state else None,
     }
+
+
+def state_of_row(row: dict) -> RetryState:
+    """The retry state a retries-table row holds."""
+    return RetryState(attempts=row["attempts"] or 0, first_read_ms=epoch_ms(row["first_read_at"]) or 0,
+                      due_ms=epoch_ms(row["due_at"]) or 0,
+                      backoff_s=row["backoff_ms"] / 1000 if row["backoff_ms"] is not None else None,
+                      last_status=row["http_status"], last_reason=row["reason"] or "",
+                      targets=RetryState.targets_from_json(row.get("targets")))
 
 
 def _retries(result: RoundResult, now_ms: int) -> pa.Table:

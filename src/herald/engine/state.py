@@ -14,7 +14,8 @@ from herald.config import Subscription
 from herald.delivery.flow import FlowState
 from herald.delivery.message import RetryState
 from herald.storage import TableStore
-from herald.storage.tables import HELD, OFFSETS, RETRIES, epoch_ms
+from herald.engine.rounds import state_of_row
+from herald.storage.tables import HELD, OFFSETS, RETRIES
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,5 @@ def stored_held(store: TableStore) -> dict[str, dict[tuple[int, int], RetryState
     for row in rows.to_pylist():
         if row["state"] != HELD:
             continue
-        held.setdefault(row["subscription"], {})[(row["partition"], row["offset"])] = RetryState(
-            attempts=row["attempts"] or 0, first_read_ms=epoch_ms(row["first_read_at"]) or 0,
-            due_ms=epoch_ms(row["due_at"]) or 0,
-            backoff_s=row["backoff_ms"] / 1000 if row["backoff_ms"] is not None else None,
-            last_status=row["http_status"], last_reason=row["reason"] or "")
+        held.setdefault(row["subscription"], {})[(row["partition"], row["offset"])] = state_of_row(row)
     return held

@@ -39,8 +39,9 @@ UNDELIVERED_SCHEMA = pa.schema([
     ("raw_value", pa.binary()),  # the original bytes of a record that could not be decoded (AVRO topics)
     ("schema_id", pa.int32()),  # AVRO topics: the message's schema id and version, when known
     ("schema_version", pa.int32()),
-    ("ended_by", pa.string()),  # status | messageTtl | maxAttempts | decode
+    ("ended_by", pa.string()),  # status | messageTtl | maxAttempts | decode | template
     ("writer", pa.string()),
+    ("endpoint", pa.string()),  # BROADCAST: the endpoint that did not get the message (password masked)
 ])
 
 OFFSETS_SCHEMA = pa.schema([
@@ -102,6 +103,7 @@ RETRIES_SCHEMA = pa.schema([
     ("recorded_at", _TIMESTAMP),
     ("batch_id", pa.int64()),
     ("writer", pa.string()),
+    ("targets", pa.string()),  # BROADCAST: JSON [[index, attempts, due_ms, backoff_s, status, reason], ...]
 ])
 
 RETRANSMISSIONS_SCHEMA = pa.schema([
