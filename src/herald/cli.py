@@ -96,7 +96,7 @@ def cmd_run(args) -> int:
         _subscription(config, subscription_id)
     from herald.engine.runner import Runner
 
-    return Runner(config, only=args.subscription).run(once=args.once)
+    return Runner(config, only=args.subscription, metrics_port=args.metrics_port).run(once=args.once)
 
 
 def _print_rows(rows: list[dict], columns: list[str]) -> None:
@@ -389,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "shared by its subscriptions)")
     run.add_argument("--once", action="store_true", help="process what is available now, then exit")
     run.add_argument("--subscription", action="append", metavar="ID", help="only this subscription (repeatable)")
+    run.add_argument("--metrics-port", type=int, metavar="P", help="serve Prometheus metrics on the driver on port "
+                                                                 "P (default: metrics.prometheusPort)")
 
     undelivered = command("undelivered", cmd_undelivered, "show the last discarded messages of a subscription")
     undelivered.add_argument("id", help="subscription id: group.topic.name")

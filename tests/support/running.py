@@ -15,8 +15,8 @@ from tests.support.herald_env import wait_until
 
 
 class RunningHerald:
-    def __init__(self, conf, spark) -> None:
-        self.runner = Runner(load_config(conf), spark=spark)
+    def __init__(self, conf, spark, metrics_port: int | None = None) -> None:
+        self.runner = Runner(load_config(conf), spark=spark, metrics_port=metrics_port)
         self.exit_code: int | None = None
         self._thread = threading.Thread(target=self._run, name="herald-run", daemon=True)
 

@@ -137,6 +137,14 @@ class SchemaRegistrySettings(Strict):
         return value
 
 
+class MetricsSettings(Strict):
+    """prometheusPort: serve Prometheus metrics on the driver on this port (None: not served; `herald run
+    --metrics-port` overrides it). prometheusHost: the address to listen on."""
+
+    prometheusPort: Annotated[int, Field(ge=0, le=65535)] | None = None
+    prometheusHost: str = "0.0.0.0"
+
+
 class HeraldSettings(Strict):
     kafka: KafkaSettings
     storage: StorageSettings
@@ -145,6 +153,7 @@ class HeraldSettings(Strict):
     delivery: DeliverySettings = DeliverySettings()
     spark: SparkSettings = SparkSettings()
     rateControl: RateControlSettings = RateControlSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
 
 # -- topics/*.yaml --------------------------------------------------------------------------------------------

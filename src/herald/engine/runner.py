@@ -40,7 +40,8 @@ START_BATCH_ID = -1  # offsets rows holding the position a subscription started 
 
 
 class Runner:
-    def __init__(self, config: HeraldConfig, only: list[str] | None = None, spark=None) -> None:
+    def __init__(self, config: HeraldConfig, only: list[str] | None = None, spark=None,
+                 metrics_port: int | None = None) -> None:
         self.config = config
         self.only = only
         self.spark = spark
@@ -54,6 +55,8 @@ class Runner:
         self.watcher = None
         self.maintenance = None
         self.moves = None
+        self.exporter = None
+        self._metrics_port = metrics_port if metrics_port is not None else config.settings.metrics.prometheusPort
         self._started_ms = 0
 
     # -- starting ---------------------------------------------------------------------------------------------
@@ -68,6 +71,8 @@ class Runner:
         context.retries = RetryDriver(context)
         context.retries.live_state = self.live_state
         self.context = context
+        if self._metrics_port is not None:
+            self._start_exporter(context)
         self._stored = stored_positions(store)
         self._held = stored_held(store)
         active = self.config.active_subscriptions(self.only)
@@ -95,6 +100,29 @@ class Runner:
             self.watcher = ConfWatcher(self.config.conf_dir, self.config, self.apply,
                                        self.config.settings.streaming.config_poll_s)
             self.watcher.start()
+
+    def _start_exporter(self, context: EngineContext) -> None:
+        from herald.engine.exporter import PrometheusExporter
+
+        def end_offsets(topics: list[str]) -> dict[str, dict[int, int]]:
+            marks = partition_watermarks(context.client_config, topics, 3.0)
+            return {topic: {p: high for p, (_, high) in by_partition.items()} for topic, by_partition in marks.items()}
+
+        self.exporter = PrometheusExporter(self._metrics_port, self.positions_now, end_offsets,
+                                           context.retries.parked_count, self.config.settings.metrics.prometheusHost)
+        context.round_listeners.append(self.exporter.observe)
+        self.exporter.start()
+
+    def positions_now(self) -> dict[str, tuple[str, dict[int, int]]]:
+        """subscription id -> (its Kafka topic, its positions now), for every subscription being delivered."""
+        with self._lock:
+            pipelines = list(self.pipelines.values())
+        positions = {}
+        for pipeline in pipelines:
+            with pipeline.lock:
+                for state in pipeline.states.values():
+                    positions[state.id] = (pipeline.kafka_topic, dict(state.positions))
+        return positions
 
     def apply_move(self, move) -> None:
         """An operator moved a subscription's position (`herald retransmit`): move it here too, running,
@@ -287,6 +315,8 @@ class Runner:
         if self.context is not None:
             self.context.retries.stop()
             self.context.writer.close(max(5.0, deadline - time.monotonic()))
+        if self.exporter is not None:
+            self.exporter.stop()
 
     def _report_parked(self) -> None:
         count, next_due_ms = self.context.retries.summary()
