@@ -286,6 +286,23 @@ def _url(value: str) -> str:
     return value
 
 
+KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class OnDiscard(Strict):
+    """A dead-letter topic: every message the subscription discards is also published there (key and value as
+    read, headers saying why and where from)."""
+
+    topic: str
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, value: str) -> str:
+        if not KAFKA_TOPIC.match(value) or value in (".", ".."):
+            raise ValueError("must be a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-'")
+        return value
+
+
 class Signing(Strict):
     """Standard Webhooks signing (`herald.delivery.signing`): one signature per secret, for key rotation.
     Secrets are normally `${env:NAME}` references; they are never shown."""
@@ -332,6 +349,7 @@ class Subscription(Strict):
     endpointAddressResolverMetadata: dict = Field(default_factory=dict)  # accepted; the default resolver ignores it
     startingOffsets: Literal["latest", "earliest"] = "latest"
     signing: Signing | None = None
+    onDiscard: OnDiscard | None = None
 
     @field_validator("name")
     @classmethod

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from herald.delivery.message import Record, message_id
 
-_OPTIONAL = ("avro", "error", "raw", "schema_id", "schema_version")
+_OPTIONAL = ("key", "avro", "error", "raw", "schema_id", "schema_version")
 
 
 @dataclass
@@ -81,6 +81,7 @@ def _convert(batch: pa.RecordBatch, topic: str, every_lane: tuple[int, ...], eve
             raw=optional["raw"][i],
             schema_id=optional["schema_id"][i],
             schema_version=optional["schema_version"][i],
+            key=optional["key"][i],
         )
         nbytes += record.size
         out.append((record, every_lane if record.error is not None else (lanes[i] or ())))

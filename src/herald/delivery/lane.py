@@ -408,7 +408,7 @@ class Lane:
             partition=record.partition, offset=record.offset, message_id=record.message_id, reason=reason,
             ended_by=ended_by, http_status=status, attempts=attempts, message=record.body,
             published_ms=record.timestamp_ms, discarded_ms=now_ms or 0, raw_value=record.raw,
-            schema_id=record.schema_id, schema_version=record.schema_version, endpoint=endpoint))
+            schema_id=record.schema_id, schema_version=record.schema_version, endpoint=endpoint, key=record.key))
 
 
 def _broadcast_state(members: list[Delivery], now: float, now_ms: int) -> RetryState:

@@ -35,7 +35,8 @@ class Record:
         subscriptions receive and people read; None for a tombstone.
     avro: an AVRO topic's Avro binary (without the wire-format prefix), for AVRO subscriptions.
     error: why the record could not be decoded; such a record is discarded unsent.
-    raw: the record's original bytes, kept when it could not be decoded.
+    raw: the record's original bytes, kept when it could not be decoded (and, on AVRO topics, for a
+        subscription with a dead-letter topic).
     """
 
     partition: int
@@ -48,11 +49,12 @@ class Record:
     raw: bytes | None = None
     schema_id: int | None = None
     schema_version: int | None = None
+    key: bytes | None = None  # the Kafka record's key
 
     @property
     def size(self) -> int:
         """Bytes this record holds in memory (for the read-ahead bound)."""
-        return len(self.body or b"") + len(self.avro or b"") + len(self.raw or b"") + 96
+        return len(self.body or b"") + len(self.avro or b"") + len(self.raw or b"") + len(self.key or b"") + 96
 
 
 @dataclass(frozen=True)

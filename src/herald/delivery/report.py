@@ -41,6 +41,7 @@ REPORT_SCHEMA = pa.schema([
     ("event", pa.string()),  # traced: INFLIGHT | FAILED | SUCCESS | FILTERED
     ("endpoint", pa.string()),  # discarded (BROADCAST): the endpoint that did not get it, password masked
     ("targets", pa.string()),  # parked/carried (BROADCAST): JSON of the endpoints still to reach
+    ("key", pa.binary()),  # discarded and parked: the Kafka record's key (for a dead-letter topic)
 ])
 _DDL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.binary(): "binary",
               pa.float64(): "double"}
@@ -104,6 +105,7 @@ class Discarded:
     schema_id: int | None = None
     schema_version: int | None = None
     endpoint: str | None = None  # BROADCAST: the endpoint that did not get it (password masked)
+    key: bytes | None = None  # the Kafka record's key
 
 
 TRACK_OFF, TRACK_DISCARDED, TRACK_ALL = "off", "discarded", "all"
@@ -191,7 +193,8 @@ class TaskReport:
                 record, state = item.record, item.state
                 rows.append({"row_type": "parked", "lane": index, "partition": record.partition,
                              "offset": record.offset, "message_id": record.message_id, "message": record.body,
-                             "avro": record.avro, "schema_id": record.schema_id,
+                             "avro": record.avro, "key": record.key, "raw_value": record.raw,
+                             "schema_id": record.schema_id,
                              "schema_version": record.schema_version, "published_ms": record.timestamp_ms,
                              **_state_columns(state)})
             for item in lane.carried:
@@ -232,7 +235,8 @@ class TaskReport:
             elif kind == "parked":
                 record = Record(partition=row["partition"], offset=row["offset"], timestamp_ms=row["published_ms"],
                                 message_id=row["message_id"], body=row["message"], avro=row["avro"],
-                                schema_id=row["schema_id"], schema_version=row["schema_version"])
+                                schema_id=row["schema_id"], schema_version=row["schema_version"], key=row["key"],
+                                raw=row["raw_value"])
                 lane.parked.append(Parked(record, _state_of(row)))
             elif kind == "carried":
                 lane.carried.append(Carried(row["partition"], row["offset"], _state_of(row)))

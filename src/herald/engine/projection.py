@@ -6,8 +6,9 @@ filter paths, and every subscription's filter is a condition in the same project
 indices (into the given subscription list) of the subscriptions each row goes to. Only rows that go somewhere
 carry their message to Python; the others carry only their partition and offset (positions move over them).
 
-Columns: partition, offset, timestamp, headers, targets, value (what JSON subscriptions receive), and for AVRO
-topics avro (what AVRO subscriptions receive), error, raw, schema_id, schema_version.
+Columns: partition, offset, timestamp, headers, targets, key, value (what JSON subscriptions receive), and for
+AVRO topics avro (what AVRO subscriptions receive), error, raw (the record's original bytes: for undecodable
+records, and for every row when a subscription has a dead-letter topic), schema_id, schema_version.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Sub
         rows = with_targets(raw, rule_sets, "value", "headers")
         goes = F.size("targets") > 0
         return rows.select("partition", "offset", "timestamp", "headers", "targets",
-                           F.when(goes, F.col("value")).alias("value"))
+                           F.when(goes, F.col("key")).alias("key"), F.when(goes, F.col("value")).alias("value"))
     source = config.avro_source(topic)
     schema = StructType(raw.schema.fields + [StructField(f.name, from_arrow_type(f.type)) for f in DECODED_FIELDS])
     decoded = raw.mapInArrow(decode_batches(source), schema)
@@ -39,11 +40,15 @@ def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Sub
     goes = F.size("targets") > 0
     wants_avro = any(subscription.contentType is ContentType.AVRO for subscription in subscriptions)
     avro = F.when(goes, F.expr(source.payload_sql)) if wants_avro else F.lit(None).cast("binary")
+    keeps_raw = F.col("decode_error").isNotNull()
+    if any(subscription.onDiscard is not None for subscription in subscriptions):
+        keeps_raw = keeps_raw | goes  # a dead-letter topic gets the original bytes
     return rows.select(
         "partition", "offset", "timestamp", "headers", "targets",
+        F.when(goes, F.col("key")).alias("key"),
         F.when(goes, F.col("json").cast("binary")).alias("value"),
         avro.alias("avro"),
         F.col("decode_error").alias("error"),
-        F.when(F.col("decode_error").isNotNull(), F.col("value")).alias("raw"),
+        F.when(keeps_raw, F.col("value")).alias("raw"),
         "schema_id", "schema_version",
     )

@@ -74,7 +74,7 @@ class RetryDriver:
                 record = Record(partition=row["partition"], offset=row["offset"],
                                 timestamp_ms=epoch_ms(row["published_at"]) or 0, message_id=row["message_id"],
                                 body=row["body"], avro=row["avro"], schema_id=row["schema_id"],
-                                schema_version=row["schema_version"])
+                                schema_version=row["schema_version"], key=row.get("key"), raw=row.get("raw_value"))
                 state = state_of_row(row)
                 self._parked.setdefault(row["subscription"], {})[(record.partition, record.offset)] = \
                     ParkedMessage(record, state, topics[row["subscription"]])

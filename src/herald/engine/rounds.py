@@ -133,6 +133,7 @@ def retry_row(subscription: Subscription, record: Record, state: RetryState | No
         "http_status": state.last_status if state else None, "reason": state.last_reason if state else None,
         "schema_id": record.schema_id, "schema_version": record.schema_version, "recorded_at": at_ms(now_ms),
         "batch_id": batch_id, "writer": writer, "targets": state.targets_json() if state else None,
+        "key": record.key if status == PARKED else None, "raw_value": record.raw if status == PARKED else None,
     }
 
 

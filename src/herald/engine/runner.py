@@ -56,6 +56,7 @@ class Runner:
         self.maintenance = None
         self.moves = None
         self.exporter = None
+        self.dead_letters = None
         self._metrics_port = metrics_port if metrics_port is not None else config.settings.metrics.prometheusPort
         self._started_ms = 0
 
@@ -73,6 +74,7 @@ class Runner:
         self.context = context
         if self._metrics_port is not None:
             self._start_exporter(context)
+        self._ensure_dead_letters()
         self._stored = stored_positions(store)
         self._held = stored_held(store)
         active = self.config.active_subscriptions(self.only)
@@ -112,6 +114,14 @@ class Runner:
                                            context.retries.parked_count, self.config.settings.metrics.prometheusHost)
         context.round_listeners.append(self.exporter.observe)
         self.exporter.start()
+
+    def _ensure_dead_letters(self) -> None:
+        """Start the dead-letter publisher once some subscription has `onDiscard` (at start or added later)."""
+        if self.dead_letters is None and any(s.onDiscard is not None for s in self.config.subscriptions):
+            from herald.engine.deadletter import DeadLetterPublisher
+
+            self.dead_letters = DeadLetterPublisher(self.context.client_config)
+            self.context.round_listeners.append(self.dead_letters.observe)
 
     def positions_now(self) -> dict[str, tuple[str, dict[int, int]]]:
         """subscription id -> (its Kafka topic, its positions now), for every subscription being delivered."""
@@ -198,6 +208,7 @@ class Runner:
                 log.warning("herald.yaml: %s changed; that takes effect when the job restarts", section)
         self.config = config
         self.context.config = config
+        self._ensure_dead_letters()
         wanted: dict[str, list[Subscription]] = {}
         for subscription in config.active_subscriptions(self.only):
             wanted.setdefault(subscription.topicName, []).append(subscription)
@@ -317,8 +328,13 @@ class Runner:
             self.context.writer.close(max(5.0, deadline - time.monotonic()))
         if self.exporter is not None:
             self.exporter.stop()
+        if self.dead_letters is not None:
+            self.dead_letters.close(max(10.0, deadline - time.monotonic()))
 
     def _report_parked(self) -> None:
+        if self.dead_letters is not None and self.dead_letters.pending:
+            print(f"{self.dead_letters.pending} dead letter(s) could not be published; they are in the undelivered "
+                  "table and the next run does not publish them again")
         count, next_due_ms = self.context.retries.summary()
         if count:
             when = dt.datetime.fromtimestamp(next_due_ms / 1000, tz=dt.timezone.utc).isoformat(timespec="seconds")

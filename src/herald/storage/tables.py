@@ -104,6 +104,8 @@ RETRIES_SCHEMA = pa.schema([
     ("batch_id", pa.int64()),
     ("writer", pa.string()),
     ("targets", pa.string()),  # BROADCAST: JSON [[index, attempts, due_ms, backoff_s, status, reason], ...]
+    ("key", pa.binary()),  # PARKED rows: the Kafka record's key, and its original bytes when kept (a dead-letter
+    ("raw_value", pa.binary()),  # topic gets them if the retries end in a discard)
 ])
 
 RETRANSMISSIONS_SCHEMA = pa.schema([
