@@ -171,6 +171,24 @@ def _iso_ms(epoch_ms: int | None) -> str:
     return dt.datetime.fromtimestamp(epoch_ms / 1000, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def cmd_oauth(args) -> int:
+    """`herald oauth providers`: herald.yaml's OAuth providers, secrets shown as ******."""
+    try:
+        config = load_config_lenient(Path(args.conf)).config  # only herald.yaml matters here
+    except ConfigError as error:
+        _refuse(args.conf, error)
+    providers = [{**provider.model_dump(exclude={"clientSecret"}), "clientSecret": "******"}
+                 for provider in config.settings.oauthProviders]
+    if args.json:
+        print(json.dumps(providers, indent=2))
+    elif providers:
+        _print_rows(providers, ["name", "tokenEndpoint", "clientId", "clientSecret", "tokenRequestInitialDelay",
+                                "tokenRequestMaxDelay", "requestTimeout", "socketTimeout"])
+    else:
+        print(f"{args.conf}: no oauthProviders in herald.yaml")
+    return 0
+
+
 def cmd_offsets(args) -> int:
     from herald.readout import last_retransmission, offsets
 
@@ -412,6 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("id", help="subscription id: group.topic.name")
     trace.add_argument("message_id", help="the message id (Hermes-Message-Id)")
     trace.add_argument("--json", action="store_true", help="Hermes' tracking fields")
+
+    oauth = command("oauth", cmd_oauth, "OAuth providers of herald.yaml (secrets shown as ******)")
+    oauth.add_argument("what", choices=["providers"])
+    oauth.add_argument("--json", action="store_true")
 
     for name, help_text in (("suspend", "set a subscription SUSPENDED in its YAML file (not run; nothing lost)"),
                             ("activate", "set a subscription ACTIVE again; it continues where it stopped")):

@@ -624,7 +624,7 @@ def run_herald(args) -> dict:
                          "duration_ms": item.get("durationMs", {})})
 
     rows = [row for row in DeltaRsStore(config.storage_path).read(METRICS, config.subscriptions[0].id).to_pylist()
-            if row["kind"] == "stream" and row["read"]]
+            if row["kind"] in ("stream", "catchup") and row["read"]]  # a loaded machine may deliver by catch-up
     rows.sort(key=lambda row: row["batch_id"])
     metrics = []
     def epoch_ms(value):
@@ -839,7 +839,7 @@ def report(args, sink, runs: list[dict], produce_s: float) -> None:
               f"({in_tasks / r['seconds']:.0%}); everything else {r['seconds'] - in_tasks:.2f} s "
               f"({1 - in_tasks / r['seconds']:.0%})")
         print(f"  sum of triggers {triggers:.2f} s; outside any trigger (query start, first offsets, stop) "
-              f"{r['seconds'] - triggers:.2f} s; last task finished at {r['to_last_delivery_s']:.2f} s")
+              f"{r['seconds'] - triggers:.2f} s; last task finished at {_fmt(r['to_last_delivery_s'], '.2f', 0)} s")
     tracked = [r for r in heralds if r["label"].endswith("trackingAll")]
     untracked = [r for r in heralds if r["label"] == "herald 4 batches"]
     if tracked and untracked:

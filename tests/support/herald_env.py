@@ -36,7 +36,7 @@ def write_topics_conf(root: Path, bootstrap_servers: str, topics: dict[str, dict
         "rateControl": {"adjustIntervalMs": 500, "slowRate": 20, "heartbeatIntervalMs": 2000},
     }
     for key, value in (settings or {}).items():
-        herald[key] = {**herald.get(key, {}), **value}
+        herald[key] = {**herald.get(key, {}), **value} if isinstance(value, dict) else value
     (conf / "herald.yaml").write_text(yaml.safe_dump(herald))
     for topic, subscriptions in topics.items():
         (conf / "topics" / f"{topic}.yaml").write_text(textwrap.dedent(f"name: {topic}\ncontentType: JSON\n"))

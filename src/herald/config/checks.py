@@ -41,11 +41,12 @@ _FILTER_FOR = {ContentType.JSON: "jsonpath", ContentType.AVRO: "avropath"}
 
 def check_subscription(subscription: Subscription, topics: dict[str, Topic], file: str, notes: list[str],
                         invalid_topics: dict[Path, str | None] | None = None,
-                        shown: Callable[[Path], str] = str) -> list[Problem]:
+                        shown: Callable[[Path], str] = str, providers: set[str] | None = None) -> list[Problem]:
     """Checks that need more than one file, or that name features not built yet.
 
     invalid_topics: topic files left out (-> the topic name each names, None when unreadable); a subscription
-    of a topic left out gets a problem naming the topic's file."""
+    of a topic left out gets a problem naming the topic's file. providers: the OAuth provider names herald.yaml
+    defines (None: unknown, not checked)."""
     from herald.filters import check_rule
 
     problems: list[Problem] = []
@@ -61,6 +62,11 @@ def check_subscription(subscription: Subscription, topics: dict[str, Topic], fil
         maybe = f"; {', '.join(unnamed)}, which may define it, is invalid" if unnamed else ""
         problems.append(Problem(file, "topicName", f"topic {subscription.topicName} is not defined in topics/ "
                                                    f"(defined: {known}){maybe}"))
+    policy = subscription.oAuthPolicy
+    if policy is not None and providers is not None and policy.providerName not in providers:
+        known = ", ".join(sorted(providers)) or "none"
+        problems.append(Problem(file, "oAuthPolicy.providerName", f"OAuth provider {policy.providerName} is not "
+                                                                  f"in herald.yaml's oauthProviders (defined: {known})"))
     if subscription.deliveryType != "SERIAL":
         problems.append(Problem(file, "deliveryType", f"{subscription.deliveryType} is not supported yet (only "
                                                       "SERIAL)"))

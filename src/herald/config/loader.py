@@ -239,8 +239,9 @@ def _load(conf_dir: Path | str, lenient: bool) -> LoadResult:
             found.append(Problem(shown(path), "name", f"subscription {subscription.id} is also defined in "
                                                        f"{shown(files[subscription.id])}"))
         elif subscription is not None:
-            found.extend(check_subscription(subscription, topics, shown(path), notes,
-                                             invalid_topics if lenient else {}, shown))
+            found.extend(check_subscription(
+                subscription, topics, shown(path), notes, invalid_topics if lenient else {}, shown,
+                {provider.name for provider in settings.oauthProviders} if settings is not None else None))
         if found:
             problems.extend(found)
             invalid_subscriptions.append(path)

@@ -145,6 +145,28 @@ class MetricsSettings(Strict):
     prometheusHost: str = "0.0.0.0"
 
 
+class OAuthProvider(Strict):
+    """An OAuth 2 token issuer (seeds/001 "OAuth"); delays and timeouts in milliseconds, secrets never shown."""
+
+    name: str
+    tokenEndpoint: str
+    clientId: str
+    clientSecret: SecretStr
+    tokenRequestInitialDelay: Annotated[int, Field(ge=0, le=3_600_000)] = 1000
+    tokenRequestMaxDelay: Annotated[int, Field(ge=0, le=3_600_000)] = 30000
+    requestTimeout: Annotated[int, Field(ge=100, le=300_000)] = 1000
+    socketTimeout: Annotated[int, Field(ge=0, le=300_000)] = 500
+
+    @field_validator("tokenEndpoint")
+    @classmethod
+    def _token_endpoint(cls, value: str) -> str:
+        endpoint = Endpoint.parse(value)
+        if endpoint.user is not None or "{" in value:
+            raise ValueError("the token endpoint takes no credentials or placeholders (clientId and clientSecret "
+                             "authenticate)")
+        return value
+
+
 class HeraldSettings(Strict):
     kafka: KafkaSettings
     storage: StorageSettings
@@ -154,6 +176,19 @@ class HeraldSettings(Strict):
     spark: SparkSettings = SparkSettings()
     rateControl: RateControlSettings = RateControlSettings()
     metrics: MetricsSettings = MetricsSettings()
+    oauthProviders: list[OAuthProvider] = Field(default_factory=list)
+
+    @field_validator("oauthProviders")
+    @classmethod
+    def _unique_providers(cls, value: list[OAuthProvider]) -> list[OAuthProvider]:
+        names = [provider.name for provider in value]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"provider names must be unique: {', '.join(repeated)} repeated")
+        return value
+
+    def oauth_provider(self, name: str) -> OAuthProvider | None:
+        return next((provider for provider in self.oauthProviders if provider.name == name), None)
 
 
 # -- topics/*.yaml --------------------------------------------------------------------------------------------
@@ -303,6 +338,25 @@ class OnDiscard(Strict):
         return value
 
 
+class OAuthPolicy(Strict):
+    """A subscription's OAuth 2 grant (seeds/001): clientCredentials, or password with the resource owner's
+    username and password."""
+
+    grantType: Literal["clientCredentials", "password"]
+    providerName: str
+    scope: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _credentials(self) -> OAuthPolicy:
+        if self.grantType == "password" and (not self.username or self.password is None):
+            raise ValueError("the password grant needs username and password")
+        if self.grantType == "clientCredentials" and (self.username or self.password is not None):
+            raise ValueError("the clientCredentials grant takes no username or password")
+        return self
+
+
 class Signing(Strict):
     """Standard Webhooks signing (`herald.delivery.signing`): one signature per secret, for key rotation.
     Secrets are normally `${env:NAME}` references; they are never shown."""
@@ -350,6 +404,7 @@ class Subscription(Strict):
     startingOffsets: Literal["latest", "earliest"] = "latest"
     signing: Signing | None = None
     onDiscard: OnDiscard | None = None
+    oAuthPolicy: OAuthPolicy | None = None
 
     @field_validator("name")
     @classmethod
@@ -367,6 +422,9 @@ class Subscription(Strict):
     def _one_endpoint_form(self) -> Subscription:
         if (self.endpoint is None) == (self.endpoints is None):
             raise ValueError("give either endpoint (one URL) or endpoints (a list of URLs)")
+        if self.oAuthPolicy is not None and any(target.user is not None for target in self.targets):
+            raise ValueError("oAuthPolicy and user:password@ in an endpoint exclude each other (OAuth sends a "
+                             "Bearer token)")
         return self
 
     @property

@@ -28,7 +28,8 @@ from collections.abc import Callable
 
 from herald.delivery.flow import FlowController, RateCap
 from herald.delivery.message import Broadcast, Delivery, Record, RetryState, TargetState
-from herald.delivery.outcome import Verdict, classify
+from herald.delivery.oauth import TOKENS, TokenCache, TokenError, Wait
+from herald.delivery.outcome import FailureKind, TransportFailure, Verdict, classify
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
 from herald.delivery.report import (
@@ -50,7 +51,8 @@ StartAttempt = Callable[[HttpRequest, object], None]
 
 
 class Lane:
-    def __init__(self, index: int, plan: LanePlan, now: float, now_ms: int, rng: random.Random) -> None:
+    def __init__(self, index: int, plan: LanePlan, now: float, now_ms: int, rng: random.Random,
+                 tokens: TokenCache = TOKENS) -> None:
         self.index = index
         self.plan = plan
         self.rng = rng
@@ -76,6 +78,7 @@ class Lane:
         self._targets = plan.targets or (Target(plan.url),)
         self._templated = any(target.templated for target in self._targets)
         self._next_target = 0  # round-robin over the targets, per lane
+        self._tokens = tokens
         self._tracing = plan.tracks_all  # records INFLIGHT, FAILED, SUCCESS and FILTERED steps (DISCARDED: the
         # driver, from the discards, for discardedOnly too)
 
@@ -180,21 +183,41 @@ class Lane:
                 continue
             if started >= room:
                 return now, started
+            bearer = None
+            if self.plan.oauth is not None:
+                try:
+                    bearer = self._tokens.token(self.plan.oauth, now)
+                except Wait as wait:  # token requests are spaced: the attempt waits, uncounted
+                    heapq.heappop(self._waiting)
+                    delivery.due_at = wait.at
+                    self._push(delivery)
+                    continue
+                except TokenError as error:  # an ordinary retryable failure of this attempt
+                    heapq.heappop(self._waiting)
+                    self._begin(delivery)
+                    delivery.attempts += 1
+                    self.answer(delivery, now, TransportFailure(FailureKind.CONNECTION, str(error)), now, now_ms)
+                    continue
             permit_wait_s = self.cap.try_acquire(now)
             if permit_wait_s > 0:
                 return now + permit_wait_s, started
             heapq.heappop(self._waiting)
-            if delivery.attempts == 0:
-                self._fresh -= 1
-                self._open_first += 1
-            self.open += 1
-            if delivery.group is not None:
-                delivery.group.started = True
-            self.counters.attempts += 1
+            self._begin(delivery)
+            delivery.bearer = bearer
             start(self._request(delivery, now_ms), (self, delivery, now))
             delivery.attempts += 1
             started += 1
         return None, started
+
+    def _begin(self, delivery: Delivery) -> None:
+        """An attempt of `delivery` starts (its answer comes to `answer`)."""
+        if delivery.attempts == 0:
+            self._fresh -= 1
+            self._open_first += 1
+        self.open += 1
+        if delivery.group is not None:
+            delivery.group.started = True
+        self.counters.attempts += 1
 
     def answer(self, delivery: Delivery, started_at: float, result, now: float, now_ms: int) -> None:
         """Classify the answer to an attempt and deliver, retry or discard."""
@@ -203,7 +226,13 @@ class Lane:
             self._open_first -= 1
         if isinstance(result, HttpAnswer):
             outcome = classify(result.status, result.retry_after,
-                               retry_client_errors=self.plan.retry.retry_client_errors, now_epoch_s=now_ms / 1000)
+                               retry_client_errors=self.plan.retry.retry_client_errors,
+                               oauth=self.plan.oauth is not None, now_epoch_s=now_ms / 1000)
+            if self.plan.oauth is not None:
+                if result.status == 401:
+                    self._tokens.invalidate(self.plan.oauth, delivery.bearer)
+                elif 200 <= result.status < 300:
+                    self._tokens.delivered(self.plan.oauth)
         else:
             outcome = classify(failure=result)
         counters = self.counters
@@ -346,7 +375,8 @@ class Lane:
             index = self._target_of(delivery) if len(self._targets) > 1 else 0
         target = self._targets[index]
         url = delivery.urls[index] if delivery.urls is not None else target.url
-        lines = self._lines + ((target.authorization,) if target.authorization else ()) + (
+        authorization = f"Authorization: Bearer {delivery.bearer}" if delivery.bearer else target.authorization
+        lines = self._lines + ((authorization,) if authorization else ()) + (
             f"Hermes-Message-Id: {record.message_id}", f"Hermes-Retry-Count: {delivery.attempts}")
         if self.plan.avro:
             if record.schema_id is not None:

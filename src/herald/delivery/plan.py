@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from herald.delivery.flow import FlowSettings, FlowState
 from herald.delivery.message import RetryState
+from herald.delivery.oauth import TokenSource
 from herald.delivery.policy import RetryPolicy
 
 
@@ -36,6 +37,7 @@ class LanePlan:
         Authorization); otherwise the first target's, for people.
     targets: the endpoints, each with its own Authorization line; ANYCAST sends each message's first attempt
         to the next one round-robin and each retry to the one after its last.
+    oauth: with a token source, every attempt carries `Authorization: Bearer <token>` (`herald.delivery.oauth`).
     broadcast: BROADCAST: each message goes to every target, each with its own attempts and backoff; it is
         delivered once every target has answered 2xx.
     header_lines: the lines every attempt carries ("Name: value"); each attempt adds its id and retry count.
@@ -76,6 +78,7 @@ class LanePlan:
     signing_keys: tuple[bytes, ...] = field(default=(), repr=False)  # HMAC keys: never printed
     targets: tuple[Target, ...] = ()
     broadcast: bool = False
+    oauth: TokenSource | None = None
 
     @property
     def tracks_all(self) -> bool:

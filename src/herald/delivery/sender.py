@@ -38,6 +38,7 @@ import numpy as np
 from herald.delivery.input import InlineReader, InputBatch, Prefetcher
 from herald.delivery.lane import Lane
 from herald.delivery.message import Record
+from herald.delivery.oauth import TOKENS, TokenCache
 from herald.delivery.plan import TaskPlan
 from herald.delivery.report import TaskReport
 from herald.delivery.transport import Transport, open_transport
@@ -66,11 +67,13 @@ class TaskSender:
         task_index: int = 0,
         stop: Callable[[], bool] = lambda: False,
         prefetch: bool = True,
+        tokens: TokenCache = TOKENS,
     ) -> None:
         self.plan = plan
         self.task_index = task_index
         self.stop = stop
         self.prefetch = prefetch
+        self.tokens = tokens
         self.transport = transport
         self.clock = clock
         self.wall_clock_ms = wall_clock_ms
@@ -94,7 +97,7 @@ class TaskSender:
             self.transport = open_transport(self.plan.transport, self.plan.max_open)
         for index, whole in self.plan.lanes.items():
             lane_plan = whole.share(self.plan.tasks, self.task_index)
-            lane = Lane(index, lane_plan, now, now_ms, self.rng)
+            lane = Lane(index, lane_plan, now, now_ms, self.rng, self.tokens)
             lane.counters.started_ms = now_ms
             if lane_plan.inflight <= 0:
                 lane.cut_input({})  # every slot is held by parked retries: it takes nothing new

@@ -107,8 +107,9 @@ class CatchUp:
                 return False
             group, ranges = chosen
             subscriptions = [state.subscription for state in group]
-            participants = [Participant(index, state, lane_plan(state, context.flow_settings,
-                                                               context.retries.parked_count(state.id)))
+            participants = [Participant(index, state, lane_plan(
+                state, context.flow_settings, context.retries.parked_count(state.id),
+                providers=context.oauth_providers))
                             for index, state in enumerate(group)]
         results = []
         started = time.monotonic()

@@ -58,5 +58,10 @@ class EngineContext:
         return self.config.settings.rateControl.flow_settings()
 
     @property
+    def oauth_providers(self) -> dict:
+        """herald.yaml's OAuth providers by name."""
+        return {provider.name: provider for provider in self.config.settings.oauthProviders}
+
+    @property
     def cluster(self) -> str:
         return self.config.settings.kafka.cluster

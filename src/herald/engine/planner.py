@@ -11,7 +11,7 @@ same proportion. The tasks of a round split their path's share again (`LanePlan.
 from __future__ import annotations
 
 from herald.config import Subscription
-from herald.config.model import ContentType
+from herald.config.model import ContentType, OAuthProvider
 from herald.delivery.flow import FlowSettings
 from herald.delivery.headers import (
     AUTHORIZATION,
@@ -20,6 +20,7 @@ from herald.delivery.headers import (
     basic_authorization,
     static_headers,
 )
+from herald.delivery.oauth import TokenSource
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TRACK_OFF
 from herald.delivery.spec import DeliverySpec
@@ -64,8 +65,24 @@ def split_inflight(inflight: int, parked: int) -> tuple[int, int]:
     return max(1, inflight - for_retries), for_retries
 
 
-def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int, retries: bool = False) -> LanePlan:
-    """The lane of one subscription in a round: the reading path's share, or the retry driver's (`retries`)."""
+def token_source(subscription: Subscription, providers: dict[str, OAuthProvider]) -> TokenSource | None:
+    """What the tasks need to get the subscription's OAuth token (None without an oAuthPolicy)."""
+    policy = subscription.oAuthPolicy
+    if policy is None:
+        return None
+    provider = providers[policy.providerName]  # validate checked it exists
+    return TokenSource(
+        provider=provider.name, token_endpoint=provider.tokenEndpoint, client_id=provider.clientId,
+        client_secret=provider.clientSecret.get_secret_value(), grant_type=policy.grantType, scope=policy.scope,
+        username=policy.username, password=policy.password.get_secret_value() if policy.password else None,
+        initial_delay_s=provider.tokenRequestInitialDelay / 1000, max_delay_s=provider.tokenRequestMaxDelay / 1000,
+        request_timeout_s=provider.requestTimeout / 1000, socket_timeout_s=provider.socketTimeout / 1000)
+
+
+def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int, retries: bool = False,
+              providers: dict[str, OAuthProvider] | None = None) -> LanePlan:
+    """The lane of one subscription in a round: the reading path's share, or the retry driver's (`retries`).
+    providers: herald.yaml's OAuth providers by name (needed by subscriptions with an oAuthPolicy)."""
     subscription = state.subscription
     spec = spec_of(subscription)
     reading, for_retries = split_inflight(spec.inflight, parked)
@@ -77,6 +94,7 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         url=endpoints[0].url,
         targets=endpoints,
         broadcast=subscription.mode == "BROADCAST",
+        oauth=token_source(subscription, providers or {}),
         header_lines=header_lines(subscription),
         retry=spec.retry,
         inflight=slots,

@@ -194,7 +194,8 @@ class RetryDriver:
             flow = live[1].flow if live else FlowState()
             flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
             state = SubscriptionState(subscription, flow=flow)
-            plan = lane_plan(state, context.flow_settings, len(messages), retries=True)
+            plan = lane_plan(state, context.flow_settings, len(messages), retries=True,
+                             providers=context.oauth_providers)
             lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
             rows.extend((m.record, (index,)) for m in messages)
         plan = TaskPlan(topic="", lanes=lanes,

@@ -211,8 +211,9 @@ class TopicPipeline:
                 state.catching_up = True
                 continue
             state.busy = True
-            chosen.append(Participant(index, state, lane_plan(state, self.context.flow_settings,
-                                                             self.context.retries.parked_count(state.id))))
+            chosen.append(Participant(index, state, lane_plan(
+                state, self.context.flow_settings, self.context.retries.parked_count(state.id),
+                providers=self.context.oauth_providers)))
         return chosen
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
