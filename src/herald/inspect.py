@@ -131,8 +131,11 @@ def _history(tracking: pd.DataFrame | None, subscription: str, message_id: str) 
         (tracking["subscription"] == subscription) & (tracking["message_id"] == message_id)]
     if steps.empty:
         return "history: not tracked (trackingMode: trackingAll records every attempt)"
+    from herald.delivery.report import STEP_ORDER
+
+    ranked = steps.assign(rank=steps["status"].map(STEP_ORDER).fillna(1))
     lines = ["history:"]
-    for step in steps.sort_values("timestamp").itertuples():
+    for step in ranked.sort_values(["timestamp", "rank"], kind="stable").itertuples():
         status = "" if pd.isna(step.http_status) else f" {int(step.http_status)}"
         reason = f"  {step.reason}" if isinstance(step.reason, str) and step.reason else ""
         lines.append(f"  {step.timestamp}  {step.status}{status}{reason}")

@@ -164,17 +164,15 @@ def last_retransmission(config: HeraldConfig, subscription: Subscription) -> dic
     }
 
 
-_STEP_ORDER = {"INFLIGHT": 0, "FILTERED": 1, "FAILED": 1, "SUCCESS": 2, "DISCARDED": 2}
-
-
 def trace(config: HeraldConfig, subscription: Subscription, message_id: str) -> list[dict[str, Any]]:
     """A message's history in the tracking table (trackingAll / discardedOnly), oldest step first, in Hermes'
     fields. A message read again (a retransmission, a replay) shows each reading in turn."""
+    from herald.delivery.report import STEP_ORDER
     from herald.storage.tables import TRACKING
 
     rows = [row for row in _store(config).read(TRACKING, subscription.id).to_pylist()
             if row["message_id"] == message_id]
-    rows.sort(key=lambda row: (_epoch_ms(row["timestamp"]), _STEP_ORDER.get(row["status"], 1)))
+    rows.sort(key=lambda row: (_epoch_ms(row["timestamp"]), STEP_ORDER.get(row["status"], 1)))
     return [
         {
             "messageId": row["message_id"],

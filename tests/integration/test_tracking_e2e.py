@@ -10,6 +10,7 @@ import pytest
 from herald.cli import main
 from herald.config import load_config
 from herald.delivery.message import message_id
+from herald.delivery.report import STEP_ORDER
 from herald.engine.runner import Runner
 from herald.storage import DeltaRsStore
 from herald.storage.tables import TRACKING
@@ -44,7 +45,7 @@ def test_tracking_all_and_discarded_only_record_each_step_and_trace_prints_it(br
         mine.setdefault(row["subscription"], []).append(row)
     everything = mine[f"{topic_name}.all"]
     statuses = {}
-    for row in sorted(everything, key=lambda r: r["timestamp"]):
+    for row in sorted(everything, key=lambda r: (r["timestamp"], STEP_ORDER[r["status"]])):
         statuses.setdefault(row["offset"], []).append(row["status"])
     assert statuses[0] == ["INFLIGHT", "SUCCESS"]
     assert statuses[1] == ["FILTERED"]

@@ -112,6 +112,8 @@ TRACK_OFF, TRACK_DISCARDED, TRACK_ALL = "off", "discarded", "all"
 """LanePlan.tracking for trackingOff, discardedOnly and trackingAll."""
 
 INFLIGHT, FAILED, SUCCESS, FILTERED, DISCARDED = "INFLIGHT", "FAILED", "SUCCESS", "FILTERED", "DISCARDED"
+STEP_ORDER = {INFLIGHT: 0, FILTERED: 1, FAILED: 1, SUCCESS: 2, DISCARDED: 2}
+"""Where a step stands among steps of the same millisecond: read, then attempts, then the end."""
 
 
 @dataclass(frozen=True)

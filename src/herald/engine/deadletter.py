@@ -107,6 +107,8 @@ class DeadLetterPublisher:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._producer = None  # let librdkafka's threads go with it
         if self.pending:
             log.warning("%d dead letter(s) not published (they are in the undelivered table)", self.pending)
 
