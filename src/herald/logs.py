@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from herald.endpoint import mask_secrets
 
@@ -18,8 +19,24 @@ class MaskSecrets(logging.Filter):
         return True
 
 
+class CurrentStderr(logging.StreamHandler):
+    """A handler that writes to whatever `sys.stderr` is when a record arrives, not the stream it was made with:
+    a caller that redirects or captures stderr (a notebook, pytest) and later closes it keeps working."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure(verbose: bool = False) -> None:
-    handler = logging.StreamHandler()
+    handler = CurrentStderr()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-5s %(name)s: %(message)s", "%H:%M:%S"))
     handler.addFilter(MaskSecrets())
     root = logging.getLogger()
