@@ -23,12 +23,13 @@ OWNER_PASSWORD = "owner-s3cret-value"
 
 
 def oauth_conf(tmp_path, broker, topic, issuer: TokenEndpoint, policy: dict, endpoint: str,
-               initial_delay_ms: int = 300, **subscription):
+               initial_delay_ms: int = 300, streaming: dict | None = None, **subscription):
     return write_conf(tmp_path, broker.bootstrap_servers, topic, {"hook": {
         "endpoint": endpoint, "oAuthPolicy": policy, **subscription}},
         settings={"oauthProviders": [{"name": "auth", "tokenEndpoint": issuer.url, "clientId": "herald",
                                       "clientSecret": "${env:CLIENT_SECRET}",
-                                      "tokenRequestInitialDelay": initial_delay_ms, "tokenRequestMaxDelay": 5000}]})
+                                      "tokenRequestInitialDelay": initial_delay_ms, "tokenRequestMaxDelay": 5000}],
+                  **({"streaming": streaming} if streaming else {})})
 
 
 def checking(issuer: TokenEndpoint, refuse_first: int = 0):
@@ -109,7 +110,9 @@ def test_a_failing_provider_ends_in_undelivered_with_its_reason_and_no_secret(br
     with TokenEndpoint({"herald": "another-secret"}) as issuer:  # refuses Herald's client secret
         with ScriptedSubscriber(checking(issuer)) as sub:
             conf = oauth_conf(tmp_path, broker, topic_name, issuer, policy, sub.url + "/hook",
-                              subscriptionPolicy={"messageBackoff": 100, "messageTtl": 2})
+                              subscriptionPolicy={"messageBackoff": 100, "messageTtl": 2},
+                              streaming={"parkAfterMs": 10_000})  # waits stay in the task until the TTL ends it,
+            # however slow the machine: a --once run would otherwise leave the message parked for the next run
             assert Runner(load_config(conf), spark=spark).run(once=True) == 0
     assert sub.requests == [], "nothing is sent without a token"
     assert issuer.refused >= 2
