@@ -5,7 +5,7 @@
     TaskSender(plan, transport, clock=clock.monotonic, wall_clock_ms=clock.wall_ms, sleep=clock.sleep)
 
 `respond(request, attempt)` returns (HttpAnswer or TransportFailure, latency in seconds); `attempt` is the
-0-based attempt of that message id. Every request is recorded with the fake time it started and ended.
+0-based attempt of that message id (or batch id). Every request is recorded with the fake time it started and ended.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ class Sent:
     def message_id(self) -> str | None:
         return self.header("Hermes-Message-Id")
 
+    @property
+    def batch_id(self) -> str | None:
+        return self.header("Hermes-Batch-Id")
+
 
 class FakeTransport(Transport):
     def __init__(self, clock: FakeClock, respond, max_open: int = 64) -> None:
@@ -67,7 +71,8 @@ class FakeTransport(Transport):
 
     def start(self, request: HttpRequest, token) -> None:
         assert len(self._finishing) < self.max_open, "more attempts open than max_open"
-        key = f"{request.url}|{Sent(request, 0, 0, None).message_id}"
+        unsent = Sent(request, 0, 0, None)
+        key = f"{request.url}|{unsent.message_id or unsent.batch_id}"
         result, latency_s = self.respond(request, self._attempts[key])
         self._attempts[key] += 1
         sent = Sent(request, self.clock.now, self.clock.now + latency_s, result)

@@ -161,11 +161,39 @@ def test_duplicate_subscription(tmp_path):
                         "conf/subscriptions/a.yaml"]
 
 
-def test_features_of_later_issues_are_refused_clearly(tmp_path):
-    later = SUBSCRIPTION + "deliveryType: BATCH\nmode: BROADCAST\n"
-    problems = problems_of(write_conf(tmp_path, subscriptions={"billing": later}))
-    assert "conf/subscriptions/billing.yaml: deliveryType: BATCH is not supported yet (only SERIAL)" in problems
-    assert not any("BROADCAST" in problem for problem in problems), "BROADCAST is supported"
+def test_a_batch_subscription_gets_hermes_batch_defaults_in_seconds_and_bytes(tmp_path):
+    config = load_config(write_conf(tmp_path, subscriptions={"billing": SUBSCRIPTION + "deliveryType: BATCH\n"}))
+    subscription = config.subscription("shop.orders.billing")
+    policy = subscription.subscriptionPolicy
+    assert (policy.batchSize, policy.batchTime, policy.batchVolume, policy.messageTtl, policy.messageBackoff,
+            policy.retryClientErrors, policy.requestTimeout) == (100, 30_000, 64_000, 3600, 500, False, 30_000)
+    spec = subscription.delivery_spec
+    assert (spec.batch.size, spec.batch.time_s, spec.batch.volume_bytes) == (100, 30.0, 64_000)
+    assert (spec.retry.backoff_s, spec.request_timeout_s, spec.ordered) == (0.5, 30.0, True)
+    tuned = SUBSCRIPTION + ("deliveryType: BATCH\nsubscriptionPolicy: {batchSize: 10, batchTime: 1500, "
+                            "batchVolume: 2048, backoffMultiplier: 2, backoffJitter: 0.2, maxAttempts: 5}\n")
+    spec = load_config(write_conf(tmp_path / "b", subscriptions={"billing": tuned})).subscriptions[0].delivery_spec
+    assert (spec.batch.size, spec.batch.time_s, spec.batch.volume_bytes) == (10, 1.5, 2048)
+    assert (spec.retry.backoff_multiplier, spec.retry.backoff_jitter, spec.retry.max_attempts) == (2.0, 0.2, 5)
+
+
+def test_batch_refuses_avro_broadcast_and_serial_options_each_named_with_file_and_key(tmp_path):
+    batch = SUBSCRIPTION + ("deliveryType: BATCH\nmode: BROADCAST\ncontentType: AVRO\n"
+                            "subscriptionPolicy: {inflightSize: 5, rate: 10, batchSize: 0}\n")
+    problems = problems_of(write_conf(tmp_path, subscriptions={"billing": batch}))
+    file = "conf/subscriptions/billing.yaml"
+    assert f"{file}: subscriptionPolicy.inflightSize: a SERIAL option; deliveryType BATCH does not take it (got 5)" \
+        in problems
+    assert f"{file}: subscriptionPolicy.rate: a SERIAL option; deliveryType BATCH does not take it (got 10)" in problems
+    assert f"{file}: subscriptionPolicy.batchSize: must be >= 1 (got 0)" in problems
+    serial = SUBSCRIPTION + "subscriptionPolicy: {batchTime: 100}\n"
+    assert problems_of(write_conf(tmp_path / "s", subscriptions={"billing": serial})) == [
+        f"{file}: subscriptionPolicy.batchTime: a BATCH option; deliveryType SERIAL does not take it (got 100)"]
+    batch = SUBSCRIPTION + "deliveryType: BATCH\nmode: BROADCAST\ncontentType: AVRO\n"
+    problems = problems_of(write_conf(tmp_path / "m", subscriptions={"billing": batch}))
+    assert f"{file}: mode: BATCH delivery cannot be BROADCAST (as in Hermes): use ANYCAST" in problems
+    assert f"{file}: contentType: BATCH delivery sends a JSON array: it takes contentType JSON, not AVRO (as in " \
+           "Hermes)" in problems
 
 
 def test_suspended_subscriptions_are_not_active(tmp_path):

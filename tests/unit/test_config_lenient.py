@@ -116,11 +116,12 @@ def test_duplicates_leave_out_the_later_file(tmp_path):
 
 
 def test_unsupported_features_are_left_out_too(tmp_path):
-    conf = write_conf(tmp_path, subscriptions={"billing": SUBSCRIPTION + "deliveryType: BATCH\n", "audit": OTHER})
+    conf = write_conf(tmp_path, subscriptions={"billing": SUBSCRIPTION + "deliveryType: BATCH\nmode: BROADCAST\n",
+                                               "audit": OTHER})
     result = load_config_lenient(conf)
     assert [s.id for s in result.config.subscriptions] == ["shop.orders.audit"]
-    assert strings(result) == ["conf/subscriptions/billing.yaml: deliveryType: BATCH is not supported yet (only "
-                               "SERIAL)"]
+    assert strings(result) == ["conf/subscriptions/billing.yaml: mode: BATCH delivery cannot be BROADCAST (as in "
+                               "Hermes): use ANYCAST"]
 
 
 @pytest.mark.parametrize("settings, expected", [

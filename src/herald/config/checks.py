@@ -1,5 +1,5 @@
 """Checks of a topic or subscription that need more than its own file (a topic's schema, a subscription's
-topic and filters), and features not built yet."""
+topic and filters), and combinations Hermes refuses."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from herald.config.files import Problem
 from herald.config.model import ContentType, HeraldSettings, Subscription, Topic
+from herald.endpoint import placeholders
 
 
 def check_topic(topic: Topic, conf_dir: Path, settings: HeraldSettings | None, file: str,
@@ -67,9 +68,16 @@ def check_subscription(subscription: Subscription, topics: dict[str, Topic], fil
         known = ", ".join(sorted(providers)) or "none"
         problems.append(Problem(file, "oAuthPolicy.providerName", f"OAuth provider {policy.providerName} is not "
                                                                   f"in herald.yaml's oauthProviders (defined: {known})"))
-    if subscription.deliveryType != "SERIAL":
-        problems.append(Problem(file, "deliveryType", f"{subscription.deliveryType} is not supported yet (only "
-                                                      "SERIAL)"))
+    if subscription.deliveryType == "BATCH":
+        if subscription.contentType is ContentType.AVRO:
+            problems.append(Problem(file, "contentType", "BATCH delivery sends a JSON array: it takes contentType "
+                                                         "JSON, not AVRO (as in Hermes)"))
+        if subscription.mode == "BROADCAST":
+            problems.append(Problem(file, "mode", "BATCH delivery cannot be BROADCAST (as in Hermes): use ANYCAST"))
+        if any(placeholders(url) for url in subscription.endpoint_urls):
+            problems.append(Problem(file, "endpoint" if subscription.endpoint is not None else "endpoints",
+                                    "BATCH delivery cannot fill {json.path} placeholders (a batch holds many "
+                                    "messages)"))
     if topic is not None and subscription.contentType is ContentType.AVRO and topic.contentType is ContentType.JSON:
         problems.append(Problem(file, "contentType", f"AVRO delivery needs an AVRO topic; {topic.name} is JSON"))
     for index, spec in enumerate(subscription.filters):

@@ -13,11 +13,22 @@ from enum import Enum
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 
 from herald.delivery.flow import FlowSettings
 from herald.delivery.policy import RetryPolicy
-from herald.delivery.spec import DeliverySpec
+from herald.delivery.spec import BatchSpec, DeliverySpec
 from herald.endpoint import Endpoint
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.[A-Za-z0-9_-]+$")
@@ -298,21 +309,43 @@ class Filter(Strict):
                           matching_strategy=self.matchingStrategy)
 
 
-class SerialPolicy(Strict):
-    """Hermes' serial subscriptionPolicy plus backoffJitter (RocketMQ) and maxAttempts (NSQ); units as named."""
+class _RetryOptions(Strict):
+    """The retry options SERIAL and BATCH share: Hermes' plus backoffJitter (RocketMQ) and maxAttempts (NSQ)."""
 
-    rate: Annotated[float, Field(ge=1)] = 400  # messages per second
     messageTtl: Annotated[int, Field(ge=0, le=7200)] = 3600  # seconds
-    messageBackoff: Annotated[int, Field(ge=0)] = 100  # milliseconds
     backoffMultiplier: Annotated[float, Field(ge=1, le=10)] = 1.0
     backoffMaxIntervalInSec: Annotated[int, Field(ge=1, le=600)] = 600  # seconds
     backoffJitter: Annotated[float, Field(ge=0, lt=1)] = 0.0
     maxAttempts: Annotated[int, Field(ge=0)] = 0  # 0 = no limit
     retryClientErrors: bool = False
+
+
+class SerialPolicy(_RetryOptions):
+    """Hermes' serial subscriptionPolicy plus backoffJitter (RocketMQ) and maxAttempts (NSQ); units as named."""
+
+    rate: Annotated[float, Field(ge=1)] = 400  # messages per second
+    messageBackoff: Annotated[int, Field(ge=0)] = 100  # milliseconds
     requestTimeout: Annotated[int, Field(ge=100, le=300_000)] = 1000  # milliseconds
     socketTimeout: Annotated[int, Field(ge=0, le=300_000)] = 0  # milliseconds, 0 = none
     inflightSize: Annotated[int, Field(ge=1, le=10_000)] = 100
     sendingDelay: Annotated[int, Field(ge=0, le=5000)] = 0  # milliseconds
+
+
+class BatchPolicy(_RetryOptions):
+    """Hermes' batch subscriptionPolicy (deliveryType BATCH) plus the same retry extensions as SERIAL: a batch
+    is sent once it holds batchSize messages, once the next message would take its body past batchVolume
+    bytes, or batchTime milliseconds after its first message was read."""
+
+    batchSize: Annotated[int, Field(ge=1, le=10_000)] = 100  # messages
+    batchTime: Annotated[int, Field(ge=1, le=3_600_000)] = 30_000  # milliseconds
+    batchVolume: Annotated[int, Field(ge=1, le=64 * 1024 * 1024)] = 64_000  # bytes of the request body
+    messageBackoff: Annotated[int, Field(ge=0)] = 500  # milliseconds
+    requestTimeout: Annotated[int, Field(ge=100, le=300_000)] = 30_000  # milliseconds
+
+
+SERIAL_ONLY = tuple(sorted(set(SerialPolicy.model_fields) - set(BatchPolicy.model_fields)))
+BATCH_ONLY = tuple(sorted(set(BatchPolicy.model_fields) - set(SerialPolicy.model_fields)))
+BATCH_RATE_PER_S = 400.0  # attempts (batches) per second: Hermes' batch sender has no rate; this bounds a loop
 
 
 def _url(value: str) -> str:
@@ -399,12 +432,53 @@ class Subscription(Strict):
     subscriptionIdentityHeadersEnabled: bool = False
     headers: list[Header] = Field(default_factory=list)
     filters: list[Filter] = Field(default_factory=list)
-    subscriptionPolicy: SerialPolicy = SerialPolicy()
+    subscriptionPolicy: Annotated[SerialPolicy | BatchPolicy, Field(union_mode="left_to_right")] = SerialPolicy()
     endpointAddressResolverMetadata: dict = Field(default_factory=dict)  # accepted; the default resolver ignores it
     startingOffsets: Literal["latest", "earliest"] = "latest"
     signing: Signing | None = None
     onDiscard: OnDiscard | None = None
     oAuthPolicy: OAuthPolicy | None = None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _policy_of_its_delivery_type(cls, data, handler):
+        """subscriptionPolicy is read as SerialPolicy or BatchPolicy by deliveryType, and an option of the other
+        kind is named as such (its errors keep their `subscriptionPolicy.<key>` place)."""
+        if not isinstance(data, dict):
+            return handler(data)
+        batch = data.get("deliveryType") == "BATCH"
+        kind, raw = (BatchPolicy if batch else SerialPolicy), data.get("subscriptionPolicy")
+        errors: list[InitErrorDetails] = []
+        if isinstance(raw, dict):
+            foreign, other = (SERIAL_ONLY, "SERIAL") if batch else (BATCH_ONLY, "BATCH")
+            for key in foreign:
+                if key in raw:
+                    errors.append(InitErrorDetails(
+                        type="value_error", loc=("subscriptionPolicy", key), input=raw[key],
+                        ctx={"error": ValueError(f"a {other} option; deliveryType "
+                                                 f"{'BATCH' if batch else 'SERIAL'} does not take it")}))
+            raw = {key: value for key, value in raw.items() if key not in foreign}
+            try:
+                policy = kind.model_validate(raw)
+            except ValidationError as error:
+                errors += [InitErrorDetails(type=item["type"], loc=("subscriptionPolicy", *item["loc"]),
+                                            input=item["input"], ctx=item.get("ctx") or {})
+                           for item in error.errors()]
+                policy = kind()
+            data = {**data, "subscriptionPolicy": policy}
+        elif raw is None and batch:
+            data = {**data, "subscriptionPolicy": BatchPolicy()}
+        try:
+            result = handler(data)
+        except ValidationError as error:
+            if not errors:
+                raise
+            errors = [InitErrorDetails(type=item["type"], loc=item["loc"], input=item["input"],
+                                       ctx=item.get("ctx") or {}) for item in error.errors()] + errors
+            raise ValidationError.from_exception_data(cls.__name__, errors) from None
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return result
 
     @field_validator("name")
     @classmethod
@@ -420,6 +494,8 @@ class Subscription(Strict):
 
     @model_validator(mode="after")
     def _one_endpoint_form(self) -> Subscription:
+        if isinstance(self.subscriptionPolicy, BatchPolicy) != (self.deliveryType == "BATCH"):
+            raise ValueError(f"subscriptionPolicy must be a {self.deliveryType} policy")
         if (self.endpoint is None) == (self.endpoints is None):
             raise ValueError("give either endpoint (one URL) or endpoints (a list of URLs)")
         if self.oAuthPolicy is not None and any(target.user is not None for target in self.targets):
@@ -457,19 +533,28 @@ class Subscription(Strict):
 
         messageTtl s, messageBackoff ms, backoffMaxIntervalInSec s, requestTimeout ms, socketTimeout ms and
         sendingDelay ms all become float seconds; rate stays messages per second for the whole subscription and
-        inflightSize messages for the whole subscription. messageTtl 0 stays 0 (exactly one attempt).
+        inflightSize messages for the whole subscription. messageTtl 0 stays 0 (exactly one attempt). BATCH:
+        batchTime ms becomes seconds, batchVolume stays bytes, and attempts (one per batch) are capped at
+        `BATCH_RATE_PER_S`.
         """
         policy = self.subscriptionPolicy
+        retry = RetryPolicy(
+            message_ttl_s=float(policy.messageTtl),
+            backoff_s=policy.messageBackoff / 1000,
+            backoff_multiplier=float(policy.backoffMultiplier),
+            max_backoff_s=float(policy.backoffMaxIntervalInSec),
+            backoff_jitter=float(policy.backoffJitter),
+            max_attempts=policy.maxAttempts,
+            retry_client_errors=policy.retryClientErrors,
+        )
+        if isinstance(policy, BatchPolicy):
+            return DeliverySpec(
+                retry=retry, rate_per_s=BATCH_RATE_PER_S, inflight=10_000,
+                request_timeout_s=policy.requestTimeout / 1000,
+                batch=BatchSpec(size=policy.batchSize, time_s=policy.batchTime / 1000,
+                                volume_bytes=policy.batchVolume))
         return DeliverySpec(
-            retry=RetryPolicy(
-                message_ttl_s=float(policy.messageTtl),
-                backoff_s=policy.messageBackoff / 1000,
-                backoff_multiplier=float(policy.backoffMultiplier),
-                max_backoff_s=float(policy.backoffMaxIntervalInSec),
-                backoff_jitter=float(policy.backoffJitter),
-                max_attempts=policy.maxAttempts,
-                retry_client_errors=policy.retryClientErrors,
-            ),
+            retry=retry,
             rate_per_s=float(policy.rate),
             inflight=policy.inflightSize,
             request_timeout_s=policy.requestTimeout / 1000,

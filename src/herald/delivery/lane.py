@@ -241,14 +241,11 @@ class Lane:
         self.flow.record(outcome.slows, started_at)
         if outcome.verdict is Verdict.DELIVERED:
             delivery.finish("delivered")
-            if self._message_done(delivery, failed=False) and (delivery.group is None or not delivery.group.failed):
-                counters.delivered += 1
-                if self._tracing:
-                    self._trace(delivery.record, SUCCESS, now_ms)
+            self._delivered(delivery, now_ms)
             return
         delivery.last_status, delivery.last_reason = outcome.status, outcome.reason
         if self._tracing:
-            self._trace(delivery.record, FAILED, now_ms, outcome.reason, outcome.status)
+            self._trace_failure(delivery, now_ms, outcome.reason, outcome.status)
         step = self.plan.retry.after_failure(outcome, delivery.attempts, delivery.first_read_at, delivery.backoff_s,
                                              now, self.rng)
         if isinstance(step, Retry):
@@ -257,6 +254,20 @@ class Lane:
         else:
             assert isinstance(step, GiveUp)
             self._discard(delivery, step.reason, step.ended_by, now_ms)
+
+    def _delivered(self, delivery: Delivery, now_ms: int) -> None:
+        """A 2xx ended `delivery` (for BROADCAST, at one endpoint)."""
+        if self._message_done(delivery, failed=False) and (delivery.group is None or not delivery.group.failed):
+            self.counters.delivered += 1
+            if self._tracing:
+                self._trace(delivery.record, SUCCESS, now_ms)
+
+    def _trace_failure(self, delivery: Delivery, now_ms: int, reason: str, status: int | None) -> None:
+        self._trace(delivery.record, FAILED, now_ms, reason, status)
+
+    def input_ended(self, now: float, now_ms: int) -> bool:
+        """The task's input is all read; True when that gave the lane something to do at once."""
+        return False
 
     def adjust(self, now: float) -> None:
         """Let the adaptive controller close its window; the hard cap follows its rate."""
@@ -432,13 +443,14 @@ class Lane:
                              endpoint)
 
     def _discard_record(self, record: Record, reason: str, ended_by: str, status: int | None, attempts: int,
-                        now_ms: int | None, endpoint: str | None = None) -> None:
+                        now_ms: int | None, endpoint: str | None = None, batch_id: str | None = None) -> None:
         self.counters.discarded += 1
         self.report.discarded.append(Discarded(
             partition=record.partition, offset=record.offset, message_id=record.message_id, reason=reason,
             ended_by=ended_by, http_status=status, attempts=attempts, message=record.body,
             published_ms=record.timestamp_ms, discarded_ms=now_ms or 0, raw_value=record.raw,
-            schema_id=record.schema_id, schema_version=record.schema_version, endpoint=endpoint, key=record.key))
+            schema_id=record.schema_id, schema_version=record.schema_version, endpoint=endpoint, key=record.key,
+            batch_id=batch_id))
 
 
 def _broadcast_state(members: list[Delivery], now: float, now_ms: int) -> RetryState:

@@ -82,6 +82,8 @@ class RetryState:
     backoff_s: the last un-jittered backoff, which the next one grows from (None before any).
     targets: BROADCAST: the endpoints still to reach, each with its own progress (the fields above then sum
         them up: most attempts, earliest due).
+    batch_last_offset: BATCH: the last offset of a closed batch (it is rebuilt up to there, so its id stays);
+        None for a batch still open (due_ms is then when its batchTime closes it).
     """
 
     attempts: int
@@ -91,6 +93,7 @@ class RetryState:
     last_status: int | None = None
     last_reason: str = ""
     targets: tuple[TargetState, ...] = ()
+    batch_last_offset: int | None = None
 
     def targets_json(self) -> str | None:
         return json.dumps([target.to_list() for target in self.targets]) if self.targets else None

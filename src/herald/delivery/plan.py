@@ -13,6 +13,7 @@ from herald.delivery.flow import FlowSettings, FlowState
 from herald.delivery.message import RetryState
 from herald.delivery.oauth import TokenSource
 from herald.delivery.policy import RetryPolicy
+from herald.delivery.spec import BatchSpec
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class LanePlan:
     positional: False for parked retries, which stand outside any position: whatever is unfinished at the end
         is parked again.
     signing_keys: with keys, every attempt is signed (Standard Webhooks, `herald.delivery.signing`).
+    batch: BATCH delivery's thresholds (`herald.delivery.batch`); None: each message alone.
     tracking: what the lane records of each message's history (`herald.delivery.report.TRACK_*`): nothing,
         its failed attempts and its end (the driver adds DISCARDED rows from the discards), or everything.
     """
@@ -79,6 +81,7 @@ class LanePlan:
     targets: tuple[Target, ...] = ()
     broadcast: bool = False
     oauth: TokenSource | None = None
+    batch: BatchSpec | None = None
 
     @property
     def tracks_all(self) -> bool:
@@ -115,6 +118,8 @@ class TaskPlan:
     transport: 'auto', 'curl' or 'requests'; max_open: most attempts open at once in the task.
     readahead_rows / readahead_bytes: most rows read and waiting for a subscription to take them; past this a
         subscription that holds up the reading is cut off (its position stops, it catches up alone).
+    flush_batches: BATCH lanes send their open batches once the input is read (a `--once` run) instead of
+        carrying them to a later round until their batchTime.
     """
 
     topic: str
@@ -127,3 +132,4 @@ class TaskPlan:
     max_open: int = 512
     readahead_rows: int = 20_000
     readahead_bytes: int = 64 * 1024 * 1024
+    flush_batches: bool = False

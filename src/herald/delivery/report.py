@@ -42,6 +42,8 @@ REPORT_SCHEMA = pa.schema([
     ("endpoint", pa.string()),  # discarded (BROADCAST): the endpoint that did not get it, password masked
     ("targets", pa.string()),  # parked/carried (BROADCAST): JSON of the endpoints still to reach
     ("key", pa.binary()),  # discarded and parked: the Kafka record's key (for a dead-letter topic)
+    ("batch_id", pa.string()),  # discarded (BATCH): the batch's Hermes-Batch-Id
+    ("batch_last_offset", pa.int64()),  # carried (BATCH): a closed batch's last offset
 ])
 _DDL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.binary(): "binary",
               pa.float64(): "double"}
@@ -70,6 +72,8 @@ class LaneCounters:
     codes_4xx: int = 0
     codes_5xx: int = 0
     inflight_peak: int = 0
+    batches_delivered: int = 0  # BATCH: batches delivered and discarded (their messages count in delivered
+    batches_discarded: int = 0  # and discarded)
     started_ms: int = 0
     finished_ms: int = 0
 
@@ -106,6 +110,7 @@ class Discarded:
     schema_version: int | None = None
     endpoint: str | None = None  # BROADCAST: the endpoint that did not get it (password masked)
     key: bytes | None = None  # the Kafka record's key
+    batch_id: str | None = None  # BATCH: the Hermes-Batch-Id of the batch it was discarded with
 
 
 TRACK_OFF, TRACK_DISCARDED, TRACK_ALL = "off", "discarded", "all"
@@ -251,10 +256,11 @@ class TaskReport:
 def _state_columns(state: RetryState) -> dict:
     return {"attempts": state.attempts, "event_ms": state.first_read_ms, "due_ms": state.due_ms,
             "backoff_s": state.backoff_s, "http_status": state.last_status, "reason": state.last_reason,
-            "targets": state.targets_json()}
+            "targets": state.targets_json(), "batch_last_offset": state.batch_last_offset}
 
 
 def _state_of(row: dict) -> RetryState:
     return RetryState(attempts=row["attempts"], first_read_ms=row["event_ms"], due_ms=row["due_ms"],
                       backoff_s=row["backoff_s"], last_status=row["http_status"], last_reason=row["reason"] or "",
-                      targets=RetryState.targets_from_json(row["targets"]))
+                      targets=RetryState.targets_from_json(row["targets"]),
+                      batch_last_offset=row.get("batch_last_offset"))

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from herald.delivery.batch import BatchLane
 from herald.delivery.input import InlineReader, InputBatch, Prefetcher
 from herald.delivery.lane import Lane
 from herald.delivery.message import Record
@@ -97,7 +98,10 @@ class TaskSender:
             self.transport = open_transport(self.plan.transport, self.plan.max_open)
         for index, whole in self.plan.lanes.items():
             lane_plan = whole.share(self.plan.tasks, self.task_index)
-            lane = Lane(index, lane_plan, now, now_ms, self.rng, self.tokens)
+            if lane_plan.batch is not None:
+                lane = BatchLane(index, lane_plan, now, now_ms, self.rng, self.tokens, flush=self.plan.flush_batches)
+            else:
+                lane = Lane(index, lane_plan, now, now_ms, self.rng, self.tokens)
             lane.counters.started_ms = now_ms
             if lane_plan.inflight <= 0:
                 lane.cut_input({})  # every slot is held by parked retries: it takes nothing new
@@ -185,6 +189,9 @@ class TaskSender:
             if lane.settled:
                 continue
             lane.adjust(now)
+            if input_done and lane.input_ended(now, now_ms):
+                self._ready[lane] = None
+                continue
             if not lane.settling:
                 since = lane.stalled(now, input_done)
                 lane.settling = since is not None and now - since >= self.plan.park_after_s or (

@@ -13,12 +13,25 @@ from herald.delivery.policy import RetryPolicy
 
 
 @dataclass(frozen=True)
+class BatchSpec:
+    """BATCH delivery (Hermes' batch subscriptionPolicy): a batch is sent once it holds `size` messages, once the
+    next message would take its body (a JSON array) past `volume_bytes`, or `time_s` seconds after its first
+    message was read. A message larger than `volume_bytes` on its own goes out alone."""
+
+    size: int = 100
+    time_s: float = 30.0
+    volume_bytes: int = 64_000
+
+
+@dataclass(frozen=True)
 class DeliverySpec:
     """retry: backoff, TTL and attempt limits (seconds).
     rate_per_s: hard cap on attempts per second for the whole subscription.
     inflight: messages read and not yet delivered, discarded or parked, for the whole subscription.
     request_timeout_s / socket_timeout_s: total and idle limits of one attempt (socket 0 = none).
     sending_delay_s: a message is not attempted before its publish time plus this delay.
+    batch: BATCH delivery's thresholds (None: SERIAL). Batches of a partition go out in order, one at a time,
+        so a BATCH subscription is ordered and never parks; `inflight` then only bounds its share of tasks.
     """
 
     retry: RetryPolicy
@@ -27,8 +40,10 @@ class DeliverySpec:
     request_timeout_s: float = 1.0
     socket_timeout_s: float = 0.0
     sending_delay_s: float = 0.0
+    batch: BatchSpec | None = None
 
     @property
     def ordered(self) -> bool:
-        """inflight 1 keeps partition order (DESIGN.md §4): such a subscription never parks a message."""
-        return self.inflight == 1
+        """inflight 1 keeps partition order (DESIGN.md §4), as BATCH does: such a subscription never parks a
+        message."""
+        return self.inflight == 1 or self.batch is not None

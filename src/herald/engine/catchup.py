@@ -7,7 +7,8 @@ the query's position), through the same projection and senders as the shared que
 cluster's cores so the shared query keeps the rest. Subscriptions whose positions are within one read of each
 other share the read. Once a subscription reaches the query's position between two micro-batches it rejoins
 the query. An ordered subscription stopped at a message whose retry is not due yet waits for it without
-running empty rounds.
+running empty rounds, as a BATCH subscription stopped at its open batch waits for its batchTime or for enough
+new records to fill it.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class CatchUp:
                     state.catching_up = False  # it rejoins the shared query
                     log.info("%s caught up with the shared query", state.id)
                 continue
-            if _waiting_for_retry(state, now) or state.flow.next_permit_ms > now + 50:
+            if _waiting_for_retry(state, now, frontier) or state.flow.next_permit_ms > now + 50:
                 continue  # nothing can move before then (a retry's due time, or its rate's next permit)
             ready.append(state)
         if not ready:
@@ -164,10 +165,15 @@ def _clamped(positions: dict[int, int], frontier: dict[int, int]) -> dict[int, i
     return {p: min(positions.get(p, end), end) for p, end in frontier.items()}
 
 
-def _waiting_for_retry(state: SubscriptionState, now: int) -> bool:
-    """Its position stops at a carried message whose next attempt is not due yet (nothing else can move)."""
+def _waiting_for_retry(state: SubscriptionState, now: int, frontier: dict[int, int]) -> bool:
+    """Its position stops at a carried message whose next attempt is not due yet (nothing else can move), or,
+    BATCH, at a batch still open that neither its batchTime nor enough new records can close yet."""
     carried = state.live_carried()
     if not carried:
         return False
-    blocking = [s for (p, o), s in carried.items() if state.positions.get(p) == o]
-    return bool(blocking) and all(s.due_ms > now for s in blocking) and state.subscription.delivery_spec.ordered
+    spec = state.subscription.delivery_spec
+    blocking = [(p, o, s) for (p, o), s in carried.items() if state.positions.get(p) == o]
+    return bool(blocking) and spec.ordered and all(
+        s.due_ms > now and not (spec.batch is not None and s.attempts == 0 and s.batch_last_offset is None
+                                and frontier.get(p, o) - o >= spec.batch.size)
+        for p, o, s in blocking)

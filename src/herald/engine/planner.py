@@ -111,4 +111,5 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         positional=not retries,
         tracking=TRACKING[subscription.trackingMode],
         signing_keys=subscription.signing.keys() if subscription.signing is not None else (),
+        batch=None if retries else spec.batch,  # messages parked before a change to BATCH go out alone
     )

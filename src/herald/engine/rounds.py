@@ -91,7 +91,7 @@ def _undelivered(result: RoundResult, now_ms: int) -> pa.Table:
                 "timestamp": at_ms(item.discarded_ms or now_ms), "published_at": at_ms(item.published_ms),
                 "cluster": result.cluster, "batch_id": result.batch_id, "raw_value": item.raw_value,
                 "schema_id": item.schema_id, "schema_version": item.schema_version, "ended_by": item.ended_by,
-                "writer": result.writer, "endpoint": item.endpoint,
+                "writer": result.writer, "endpoint": item.endpoint, "delivery_batch_id": item.batch_id,
             })
     return pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)
 
@@ -134,6 +134,7 @@ def retry_row(subscription: Subscription, record: Record, state: RetryState | No
         "schema_id": record.schema_id, "schema_version": record.schema_version, "recorded_at": at_ms(now_ms),
         "batch_id": batch_id, "writer": writer, "targets": state.targets_json() if state else None,
         "key": record.key if status == PARKED else None, "raw_value": record.raw if status == PARKED else None,
+        "batch_last_offset": state.batch_last_offset if state else None,
     }
 
 
@@ -143,7 +144,8 @@ def state_of_row(row: dict) -> RetryState:
                       due_ms=epoch_ms(row["due_at"]) or 0,
                       backoff_s=row["backoff_ms"] / 1000 if row["backoff_ms"] is not None else None,
                       last_status=row["http_status"], last_reason=row["reason"] or "",
-                      targets=RetryState.targets_from_json(row.get("targets")))
+                      targets=RetryState.targets_from_json(row.get("targets")),
+                      batch_last_offset=row.get("batch_last_offset"))
 
 
 def _retries(result: RoundResult, now_ms: int) -> pa.Table:
@@ -177,6 +179,7 @@ def _metrics(result: RoundResult) -> pa.Table:
             "flow_mode": outcome.flow_state.mode.value, "flow_rate": outcome.flow_state.rate_per_s,
             "started_at": at_ms(counters.started_ms or None), "finished_at": at_ms(counters.finished_ms or None),
             "parked": counters.parked, "kind": result.kind, "writer": result.writer,
+            "batches_delivered": counters.batches_delivered, "batches_discarded": counters.batches_discarded,
         })
     return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
 

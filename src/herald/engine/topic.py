@@ -230,6 +230,7 @@ class TopicPipeline:
             settle_throttled=shared,
             transport=settings.delivery.transport,
             max_open=settings.delivery.maxOpenRequests,
+            flush_batches=self.context.once,
         )
 
     def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> None:

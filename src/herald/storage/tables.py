@@ -42,6 +42,7 @@ UNDELIVERED_SCHEMA = pa.schema([
     ("ended_by", pa.string()),  # status | messageTtl | maxAttempts | decode | template
     ("writer", pa.string()),
     ("endpoint", pa.string()),  # BROADCAST: the endpoint that did not get the message (password masked)
+    ("delivery_batch_id", pa.string()),  # BATCH: the Hermes-Batch-Id of the batch it was discarded with
 ])
 
 OFFSETS_SCHEMA = pa.schema([
@@ -77,6 +78,8 @@ METRICS_SCHEMA = pa.schema([
     ("parked", pa.int64()),  # messages parked to the retries table in the round
     ("kind", pa.string()),  # stream (the topic's shared query) | catchup | retry
     ("writer", pa.string()),
+    ("batches_delivered", pa.int64()),  # BATCH subscriptions: batches delivered and discarded in the round
+    ("batches_discarded", pa.int64()),  # (their messages count in delivered and discarded)
 ])
 
 RETRIES_SCHEMA = pa.schema([
@@ -106,6 +109,7 @@ RETRIES_SCHEMA = pa.schema([
     ("targets", pa.string()),  # BROADCAST: JSON [[index, attempts, due_ms, backoff_s, status, reason], ...]
     ("key", pa.binary()),  # PARKED rows: the Kafka record's key, and its original bytes when kept (a dead-letter
     ("raw_value", pa.binary()),  # topic gets them if the retries end in a discard)
+    ("batch_last_offset", pa.int64()),  # HELD rows of BATCH subscriptions: a closed batch's last offset
 ])
 
 RETRANSMISSIONS_SCHEMA = pa.schema([
