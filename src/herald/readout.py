@@ -82,6 +82,9 @@ def metrics(config: HeraldConfig, subscription: Subscription, with_lag: bool = F
     result: dict[str, Any] = {"subscription": subscription.id, "batches": len(rows)}
     for name, column in _LIFETIME.items():
         result[name] = sum(row.get(column) or 0 for row in rows)
+    if subscription.deliveryType == "BATCH":  # delivered and discarded count messages; these, batches
+        for name, column in (("batchesDelivered", "batches_delivered"), ("batchesDiscarded", "batches_discarded")):
+            result[name] = sum(row.get(column) or 0 for row in rows)
     last = max(rows, key=_newest("finished_at"), default=None)
     result["inflight"] = last["inflight"] if last else 0
     result["rate"] = round(last["rate"], 3) if last else 0.0

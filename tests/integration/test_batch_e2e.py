@@ -108,7 +108,8 @@ def test_a_failing_batch_keeps_its_id_honours_retry_after_and_is_discarded_with_
     assert {(r["delivery_batch_id"], r["http_status"], r["reason"], r["ended_by"]) for r in rows} == {
         (expected_id, 500, "Message sending failed with status code:500", "messageTtl")}
     figures = readout.metrics(config, config.subscription(subscription))
-    assert (figures["delivered"], figures["discarded"]) == (4, 4)
+    assert (figures["delivered"], figures["discarded"], figures["batchesDelivered"], figures["batchesDiscarded"]) \
+        == (4, 4, 1, 1)
 
 
 def test_kill_9_and_restart_resends_the_batch_with_the_same_id(broker, topic_name, tmp_path):

@@ -7,9 +7,10 @@ import typing
 from pathlib import Path
 
 import annotated_types as at
+import pytest
 from pydantic import BaseModel
 
-from herald.config.model import HeraldSettings, SerialPolicy
+from herald.config.model import BatchPolicy, HeraldSettings, SerialPolicy
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -55,14 +56,15 @@ def limits_of(model: type[BaseModel], name: str) -> str:
     return f"<= {high}" if high else ""
 
 
-def test_every_policy_option_is_documented_with_its_default_and_limits():
-    rows = readme_table("defaults-table", 4)
-    assert set(rows) == set(SerialPolicy.model_fields)
+@pytest.mark.parametrize("marker, policy", [("defaults-table", SerialPolicy), ("batch-defaults-table", BatchPolicy)])
+def test_every_policy_option_is_documented_with_its_default_and_limits(marker, policy):
+    rows = readme_table(marker, 4)
+    assert set(rows) == set(policy.model_fields)
     for name, (default, limits, _) in rows.items():
-        expected = SerialPolicy.model_fields[name].default
+        expected = policy.model_fields[name].default
         shown = str(expected).lower() if isinstance(expected, bool) else number(expected)
         assert default == shown, f"{name}: README says {default}, code says {shown}"
-        assert re.sub(r"\s+", " ", limits) == limits_of(SerialPolicy, name), f"{name}: README limits {limits!r}"
+        assert re.sub(r"\s+", " ", limits) == limits_of(policy, name), f"{name}: README limits {limits!r}"
 
 
 def settings_fields() -> dict[str, tuple[type[BaseModel], str, bool]]:
