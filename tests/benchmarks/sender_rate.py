@@ -72,7 +72,7 @@ def herald(url: str, n: int, inflight: int, transport: str) -> int:
     lane = LanePlan(subscription_id="bench.s", url=url, header_lines=("Content-Type: application/json",),
                     retry=RetryPolicy(message_ttl_s=60, backoff_s=0.1), inflight=inflight, rate_per_s=1e6,
                     flow_settings=FlowSettings())
-    plan = TaskPlan(topic="bench", lanes={0: lane}, deadline_ms=int(time.time() * 1000) + 600_000,
+    plan = TaskPlan(topic="bench", lanes={0: lane}, budget_s=600,
                     transport=transport, max_open=inflight)
     batches = records(n)
     return TaskSender(plan).run(batches).lanes[0].counters.delivered

@@ -50,7 +50,7 @@ def plan_for(url: str, **overrides) -> LanePlan:
 
 def deliver(kind: str, plan: LanePlan, records: list[Record]):
     """One task with one lane; retries go on in the task (nothing is parked within a minute)."""
-    task = TaskPlan(topic="g.t", lanes={0: plan}, deadline_ms=int(time.time() * 1000) + 60_000, park_after_s=60,
+    task = TaskPlan(topic="g.t", lanes={0: plan}, budget_s=60, park_after_s=60,
                     transport=kind)
     report = TaskSender(task, open_transport(kind, 64)).run([InputBatch([(r, (0,)) for r in records])])
     return report.lanes[0]

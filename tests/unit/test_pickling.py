@@ -22,7 +22,7 @@ def subscription() -> Subscription:
 
 def task_plan() -> TaskPlan:
     lane = lane_plan(SubscriptionState(subscription(), positions={0: 5}), FlowSettings(), parked=0)
-    return TaskPlan(topic="a.b", lanes={0: lane}, deadline_ms=1, tasks=3)
+    return TaskPlan(topic="a.b", lanes={0: lane}, budget_s=1, tasks=3)
 
 
 def test_the_plan_pickles_and_never_shows_credentials():

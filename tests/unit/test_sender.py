@@ -54,7 +54,7 @@ def run(lanes: dict[int, LanePlan], batches: list[InputBatch], respond, clock: F
         deadline_s: float = 10.0, park_after_s: float = 1.0, tokens=None, **plan_fields):
     clock = clock or FakeClock()
     transport = FakeTransport(clock, respond)
-    plan = TaskPlan(topic=TOPIC, lanes=lanes, deadline_ms=clock.wall_ms() + int(deadline_s * 1000),
+    plan = TaskPlan(topic=TOPIC, lanes=lanes, budget_s=deadline_s,
                     park_after_s=park_after_s, **plan_fields)
     sender = TaskSender(plan, transport, clock=clock.monotonic, wall_clock_ms=clock.wall_ms, sleep=clock.sleep,
                         prefetch=False, **({"tokens": tokens} if tokens is not None else {}))

@@ -66,8 +66,9 @@ class StreamingSettings(Strict):
 
     triggerInterval: Spark's micro-batch interval (a Spark duration string, e.g. "1 second").
     maxOffsetsPerTrigger: most records per micro-batch.
-    batchDeadlineMs: milliseconds one micro-batch delivers before its unfinished work is parked (retries) or
-        left behind the subscription's position (messages not attempted yet).
+    batchDeadlineMs: milliseconds each task of a micro-batch delivers, from the task's start, before its
+        unfinished work is parked (retries) or left behind the subscription's position (messages not attempted
+        yet).
     parkAfterMs: milliseconds that a subscription's retries, once nothing else is left for it in the
         micro-batch, keep being retried in the task before they are parked.
     configPollMs: milliseconds between two looks of a running job for configuration changes.

@@ -107,8 +107,9 @@ class TaskPlan:
     topic: the Kafka topic the rows come from (it keys the message ids).
     lanes: index in the rows' `targets` -> that subscription's plan; rows for other indices are ignored.
     tasks: how many tasks deliver the round at once (each takes its `LanePlan.share`).
-    deadline_ms: wall clock (epoch ms) after which no attempt starts; what is unfinished is then parked or
-        left behind the subscription's position.
+    budget_s: seconds a task delivers, from when it starts (not from when the driver planned the round:
+        Spark may take seconds to launch a task and its Python worker); after that no attempt starts, and what
+        is unfinished is parked or left behind the subscription's position.
     park_after_s: once a subscription has nothing left but retries and the input is read, how long they are
         retried in the task before they are parked.
     settle_throttled: a subscription whose next attempt waits longer than `park_after_s` for its rate (it is
@@ -124,7 +125,7 @@ class TaskPlan:
 
     topic: str
     lanes: dict[int, LanePlan]
-    deadline_ms: int
+    budget_s: float
     tasks: int = 1
     park_after_s: float = 1.0
     settle_throttled: bool = False

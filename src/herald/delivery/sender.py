@@ -109,7 +109,7 @@ class TaskSender:
             self._ready[lane] = None
         self._tracing = [lane for lane in self.lanes.values() if lane.plan.tracks_all]
         reader = Prefetcher(batches) if self.prefetch else InlineReader(batches)
-        deadline = now + (self.plan.deadline_ms - now_ms) / 1000
+        deadline = now + self.plan.budget_s
         try:
             self._loop(reader, deadline)
             exhausted = reader.done

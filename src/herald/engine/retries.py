@@ -199,7 +199,7 @@ class RetryDriver:
             lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
             rows.extend((m.record, (index,)) for m in messages)
         plan = TaskPlan(topic="", lanes=lanes,
-                        deadline_ms=now_ms() + int(settings.streaming.batch_deadline_s * 1000),
+                        budget_s=settings.streaming.batch_deadline_s,
                         park_after_s=settings.streaming.park_after_s, transport=settings.delivery.transport,
                         max_open=settings.delivery.maxOpenRequests)
         started = time.monotonic()

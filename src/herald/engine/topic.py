@@ -224,7 +224,7 @@ class TopicPipeline:
         return TaskPlan(
             topic=self.kafka_topic,
             lanes={p.index: p.plan for p in participants},
-            deadline_ms=now_ms() + int(settings.streaming.batch_deadline_s * 1000),
+            budget_s=settings.streaming.batch_deadline_s,
             tasks=tasks,
             park_after_s=settings.streaming.park_after_s,
             settle_throttled=shared,
