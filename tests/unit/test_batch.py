@@ -160,3 +160,17 @@ def test_a_batch_whose_ttl_ends_is_discarded_with_the_last_reason():
     discarded = lane_report(report).discarded
     assert [d.offset for d in discarded] == [0, 1] and {d.ended_by for d in discarded} == {EndedBy.TTL}
     assert len(transport.sent) >= 2
+
+
+def test_ids_are_rfc_4122_uuid5_texts_as_the_uuid_module_makes_them():
+    import uuid
+
+    from herald.delivery.batch import BATCH_ID_NAMESPACE
+    from herald.delivery.message import MESSAGE_ID_NAMESPACE
+
+    for partition, offset in [(0, 0), (3, 17), (11, 2**40 + 5)]:
+        assert message_id("g.topic-ü", partition, offset, None) == str(
+            uuid.uuid5(MESSAGE_ID_NAMESPACE, f"g.topic-ü/{partition}/{offset}"))
+        assert batch_id(SUBSCRIPTION, partition, offset, offset + 99) == str(
+            uuid.uuid5(BATCH_ID_NAMESPACE, f"{SUBSCRIPTION}/{partition}/{offset}/{offset + 99}"))
+    assert message_id("g.t", 0, 1, [("id", b"from-the-publisher")]) == "from-the-publisher"

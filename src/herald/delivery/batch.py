@@ -31,7 +31,7 @@ import uuid
 from collections import deque
 
 from herald.delivery.lane import Lane
-from herald.delivery.message import Delivery, Record, RetryState
+from herald.delivery.message import Delivery, Record, RetryState, uuid5_text
 from herald.delivery.oauth import TOKENS, TokenCache
 from herald.delivery.plan import LanePlan
 from herald.delivery.policy import EndedBy
@@ -45,7 +45,7 @@ BATCH_ID_NAMESPACE = uuid.UUID("0b6a3d52-8e1f-5c4b-a7d2-3f9e1c6b8a40")
 
 def batch_id(subscription_id: str, partition: int, first_offset: int, last_offset: int) -> str:
     """The batch's Hermes-Batch-Id: a UUID of its content position, the same on every retry and replay."""
-    return str(uuid.uuid5(BATCH_ID_NAMESPACE, f"{subscription_id}/{partition}/{first_offset}/{last_offset}"))
+    return uuid5_text(BATCH_ID_NAMESPACE, f"{subscription_id}/{partition}/{first_offset}/{last_offset}")
 
 
 def _json_text(body: bytes | None) -> bytes | str:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -19,12 +20,22 @@ from dataclasses import dataclass
 MESSAGE_ID_NAMESPACE = uuid.UUID("6f1c9a8e-3b7d-5e2a-9c41-8d0b7e5f2a13")
 
 
+def uuid5_text(namespace: uuid.UUID, name: str) -> str:
+    """`str(uuid.uuid5(namespace, name))` without the UUID object: the same text, about twice as fast (it is
+    computed for every record a task reads)."""
+    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode("utf-8")).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    text = digest.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
 def message_id(topic: str, partition: int, offset: int, headers: list[tuple[str, bytes | None]] | None) -> str:
     """The Kafka header `id` when the publisher set one (Hermes frontend does), else a UUID of the position."""
     for key, value in headers or ():
         if key == "id" and value:
             return value.decode("utf-8", errors="replace")
-    return str(uuid.uuid5(MESSAGE_ID_NAMESPACE, f"{topic}/{partition}/{offset}"))
+    return uuid5_text(MESSAGE_ID_NAMESPACE, f"{topic}/{partition}/{offset}")
 
 
 @dataclass(frozen=True, slots=True)
