@@ -31,7 +31,7 @@ def test_a_discard_becomes_a_dead_letter_with_its_key_value_and_why():
                       SubscriptionOutcome(subscription("b", None), discarded=[discarded(6)]),
                       SubscriptionOutcome(subscription("c", "dlq.c"), discarded=[
                           discarded(7, raw_value=b"\x00\x00\x00\x00\x01avro", http_status=None, ended_by="decode",
-                                    endpoint="http://u:*****@h/")]))
+                                    endpoint="http://u:*****@h/", batch_id="b-1")]))
     first, second = dead_letters(result)
     assert (first.topic, first.key, first.value) == ("dlq.a", b"k1", b'{"i": 1}')
     assert dict(first.headers) == {"herald.reason": b"Message sending failed with status code:400",
@@ -40,6 +40,7 @@ def test_a_discard_becomes_a_dead_letter_with_its_key_value_and_why():
                                    "herald.original.partition": b"1", "herald.original.offset": b"5", "id": b"m5"}
     assert second.value == b"\x00\x00\x00\x00\x01avro", "the original bytes, not the JSON rendering"
     assert dict(second.headers)["herald.endpoint"] == b"http://u:*****@h/"
+    assert dict(second.headers)["herald.batch.id"] == b"b-1" and "herald.batch.id" not in dict(first.headers)
     assert "herald.http.status" not in dict(second.headers)
 
 

@@ -15,12 +15,12 @@ from herald.engine.exporter import PrometheusExporter
 from herald.engine.rounds import RoundResult, SubscriptionOutcome
 
 
-def subscription(name: str) -> Subscription:
-    return Subscription(topicName="g.t", name=name, endpoint="http://127.0.0.1:9/")
+def subscription(name: str, delivery_type: str = "SERIAL") -> Subscription:
+    return Subscription(topicName="g.t", name=name, endpoint="http://127.0.0.1:9/", deliveryType=delivery_type)
 
 
-def outcome(name: str, **counts) -> SubscriptionOutcome:
-    return SubscriptionOutcome(subscription(name), counters=LaneCounters(**counts),
+def outcome(name: str, delivery_type: str = "SERIAL", **counts) -> SubscriptionOutcome:
+    return SubscriptionOutcome(subscription(name, delivery_type), counters=LaneCounters(**counts),
                                flow_state=FlowState(FlowMode.NORMAL, 42.5, 0))
 
 
@@ -42,7 +42,8 @@ def test_counters_sum_the_rounds_and_gauges_follow_the_last_one():
         exporter.observe(RoundResult("stream", "w", 1, "g_t", "c", [
             outcome("a", read=10, matched=8, delivered=6, discarded=1, attempts=9, codes_2xx=6, codes_5xx=2,
                     codes_4xx=1, inflight_peak=4),
-            outcome("b", read=10, matched=0)]), 0.8)
+            outcome("b", read=10, matched=0), outcome("c", "BATCH", read=300, matched=300, delivered=200,
+                                                      discarded=100, batches_delivered=2, batches_discarded=1)]), 0.8)
         exporter.observe(RoundResult("retry", "r", 1, "", "c", [
             outcome("a", delivered=1, attempts=1, codes_2xx=1, timeouts=0, inflight_peak=1)]), 0.2)
         found = samples(exporter)
@@ -52,6 +53,11 @@ def test_counters_sum_the_rounds_and_gauges_follow_the_last_one():
     assert found[("herald_delivered_total", a)] == 7 and found[("herald_attempts_total", a)] == 10
     assert found[("herald_filtered_total", a)] == 2 and found[("herald_filtered_total", b)] == 10
     assert found[("herald_discarded_total", a)] == 1
+    c = "g.t.c"
+    assert found[("herald_batches_total", (("outcome", "delivered"), ("subscription", c)))] == 2
+    assert found[("herald_batches_total", (("outcome", "discarded"), ("subscription", c)))] == 1
+    assert found[("herald_delivered_total", (("subscription", c),))] == 200, "messages, not batches"
+    assert not any(name == "herald_batches_total" and ("subscription", "g.t.a") in labels for name, labels in found)
     assert found[("herald_answers_total", (("class", "2xx"), ("subscription", "g.t.a")))] == 7
     assert found[("herald_answers_total", (("class", "5xx"), ("subscription", "g.t.a")))] == 2
     assert found[("herald_inflight_messages", a)] == 4, "a retry round does not replace the reading path's figure"

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 HEADERS = ("herald.reason", "herald.http.status", "herald.ended.by", "herald.subscription", "herald.endpoint",
-           "herald.original.topic", "herald.original.partition", "herald.original.offset", "id")
-"""The headers of a dead letter (herald.http.status and herald.endpoint only when known; `id` is the
-message id, Hermes-Message-Id)."""
+           "herald.batch.id", "herald.original.topic", "herald.original.partition", "herald.original.offset", "id")
+"""The headers of a dead letter (herald.http.status, herald.endpoint (BROADCAST) and herald.batch.id (BATCH:
+the Hermes-Batch-Id) only when known; `id` is the message id, Hermes-Message-Id)."""
 
 PRODUCER_SETTINGS = {
     "enable.idempotence": True,
@@ -53,7 +53,8 @@ def dead_letters(result) -> list[DeadLetter]:
         for item in outcome.discarded:
             headers = [("herald.reason", item.reason), ("herald.http.status", item.http_status),
                        ("herald.ended.by", item.ended_by), ("herald.subscription", outcome.subscription.id),
-                       ("herald.endpoint", item.endpoint), ("herald.original.topic", result.kafka_topic or None),
+                       ("herald.endpoint", item.endpoint), ("herald.batch.id", item.batch_id),
+                       ("herald.original.topic", result.kafka_topic or None),
                        ("herald.original.partition", item.partition), ("herald.original.offset", item.offset),
                        ("id", item.message_id)]
             letters.append(DeadLetter(

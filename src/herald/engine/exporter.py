@@ -4,7 +4,8 @@
 Per subscription (label `subscription`, the id `group.topic.name`):
 
 - counters `herald_read_total`, `herald_delivered_total`, `herald_discarded_total`, `herald_filtered_total`,
-  `herald_parked_total`, `herald_attempts_total` and `herald_answers_total{class=2xx|3xx|4xx|5xx|timeout|other}`:
+  `herald_parked_total`, `herald_attempts_total`, `herald_answers_total{class=2xx|3xx|4xx|5xx|timeout|other}`
+  and, for BATCH subscriptions, `herald_batches_total{outcome=delivered|discarded}`:
   the sums of the metrics table's rows written since this process started (Prometheus counters start at 0 when
   the job restarts, as usual);
 - gauges `herald_inflight_messages` (the most messages in flight at once in its last round),
@@ -54,6 +55,8 @@ class PrometheusExporter:
                           for name, text in _COUNTED.items()}
         self._answers = Counter("herald_answers", "Answers to attempts, by class", ["subscription", "class"],
                                 registry=self.registry)
+        self._batches = Counter("herald_batches", "BATCH subscriptions: batches that ended, by outcome",
+                                ["subscription", "outcome"], registry=self.registry)
         self._inflight = Gauge("herald_inflight_messages", "Most messages in flight at once in the last round",
                                ["subscription"], registry=self.registry)
         self._flow_rate = Gauge("herald_flow_rate_per_second", "The adaptive controller's rate after the last round",
@@ -70,6 +73,9 @@ class PrometheusExporter:
                 counter.labels(sid).inc(getattr(counters, name))
             for label, field in ANSWER_CLASSES.items():
                 self._answers.labels(sid, label).inc(getattr(counters, field))
+            if outcome.subscription.deliveryType == "BATCH":
+                self._batches.labels(sid, "delivered").inc(counters.batches_delivered)
+                self._batches.labels(sid, "discarded").inc(counters.batches_discarded)
             if result.kind != "retry":
                 self._inflight.labels(sid).set(counters.inflight_peak)
             self._flow_rate.labels(sid).set(outcome.flow_state.rate_per_s)
