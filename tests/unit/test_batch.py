@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from herald.delivery.batch import batch_id
-from herald.delivery.message import Record, message_id
+from herald.delivery.message import Record, RetryState, message_id
 from herald.delivery.outcome import FailureKind, TransportFailure
 from herald.delivery.policy import EndedBy, RetryPolicy
 from herald.delivery.spec import BatchSpec
@@ -174,3 +174,15 @@ def test_ids_are_rfc_4122_uuid5_texts_as_the_uuid_module_makes_them():
         assert batch_id(SUBSCRIPTION, partition, offset, offset + 99) == str(
             uuid.uuid5(BATCH_ID_NAMESPACE, f"{SUBSCRIPTION}/{partition}/{offset}/{offset + 99}"))
     assert message_id("g.t", 0, 1, [("id", b"from-the-publisher")]) == "from-the-publisher"
+
+
+def test_a_batch_being_rebuilt_waits_for_its_last_offset_and_is_carried_unchanged_when_the_round_ends_first():
+    clock = FakeClock()
+    state = RetryState(attempts=3, first_read_ms=clock.wall_ms() - 100_000, due_ms=clock.wall_ms(), backoff_s=1.0,
+                       last_status=500, last_reason="Message sending failed with status code:500",
+                       batch_last_offset=2)
+    plan = batch_lane(size=3, time_s=1.0, resume={(0, 0): state}, starts={0: 0})
+    report, transport, _ = run({0: plan}, [batch(rows(0, range(2)))], ok(), clock=clock, flush_batches=True)
+    assert transport.sent == [], "neither its time nor the end of the input closes it short of offset 2"
+    [carried] = lane_report(report).carried
+    assert (carried.offset, carried.state) == (0, state) and lane_report(report).stops == {0: 0}

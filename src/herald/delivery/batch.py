@@ -100,6 +100,8 @@ class Batch:
             state = self.delivery.state(now, now_ms)
             return RetryState(state.attempts, state.first_read_ms, state.due_ms, state.backoff_s, state.last_status,
                               state.last_reason, batch_last_offset=self.last_offset)
+        if not self.closed and self.resumed is not None and self.last_offset is not None:
+            return self.resumed  # being rebuilt and not all read again yet: it stays as it was
         first_read_ms = now_ms - round((now - self.first_read_at) * 1000)
         return RetryState(attempts=0, first_read_ms=first_read_ms, due_ms=first_read_ms + round(time_s * 1000),
                           batch_last_offset=self.last_offset if self.closed else None)
@@ -183,17 +185,20 @@ class BatchLane(Lane):
         if self._partitions[batch.partition][0] is batch:
             self._push(delivery)
 
+    def _open_batches(self):
+        """Batches still filling (not those being rebuilt up to their last offset: only that offset ends them)."""
+        for queue in self._partitions.values():
+            if queue and not queue[-1].closed and queue[-1].last_offset is None:
+                yield queue[-1]
+
     def _close_due(self, now: float, now_ms: int, everything: bool = False) -> None:
         """Close the open batches whose batchTime has passed (every open batch, with `everything`)."""
-        for queue in self._partitions.values():
-            if queue and not queue[-1].closed:
-                batch = queue[-1]
-                if everything or now >= batch.first_read_at + self.spec.time_s:
-                    self._close(batch, now, now_ms, last_offset=batch.last_offset)
+        for batch in list(self._open_batches()):
+            if everything or now >= batch.first_read_at + self.spec.time_s:
+                self._close(batch, now, now_ms)
 
     def _next_close(self) -> float | None:
-        times = [queue[-1].first_read_at + self.spec.time_s for queue in self._partitions.values()
-                 if queue and not queue[-1].closed]
+        times = [batch.first_read_at + self.spec.time_s for batch in self._open_batches()]
         return min(times) if times else None
 
     def input_ended(self, now: float, now_ms: int) -> bool:
