@@ -62,3 +62,27 @@ def test_parked_messages_get_at_most_half_the_inflight_and_the_reading_path_neve
     assert split_inflight(100, 500) == (50, 50)
     assert split_inflight(2, 9) == (1, 1)
     assert split_inflight(1, 0) == (1, 0)
+
+
+def test_catch_up_waits_only_while_every_partition_behind_is_held_by_something_not_due():
+    from herald.config import Subscription
+    from herald.delivery.message import RetryState
+    from herald.engine.catchup import _waiting_for_retry
+    from herald.engine.state import SubscriptionState
+
+    now = 1_000_000
+    batch = Subscription(topicName="g.t", name="b", endpoint="http://127.0.0.1:9/", deliveryType="BATCH",
+                         subscriptionPolicy={"batchSize": 10})
+    open_batch = RetryState(attempts=0, first_read_ms=now - 500, due_ms=now + 2500)
+    state = SubscriptionState(batch, positions={0: 100, 1: 50}, carried={(0, 100): open_batch})
+    assert _waiting_for_retry(state, now, {0: 105, 1: 50}), "its open batch waits for its time or more records"
+    assert not _waiting_for_retry(state, now, {0: 110, 1: 50}), "enough new records may fill it"
+    assert not _waiting_for_retry(state, now + 2500, {0: 105, 1: 50}), "its time is up"
+    assert not _waiting_for_retry(state, now, {0: 105, 1: 53}), "partition 1 has new records and nothing held"
+    retrying = RetryState(attempts=2, first_read_ms=now - 500, due_ms=now + 2500, batch_last_offset=109)
+    state.carried = {(0, 100): retrying}
+    assert _waiting_for_retry(state, now, {0: 500, 1: 50}), "a batch in retry waits for its due time"
+    serial = Subscription(topicName="g.t", name="s", endpoint="http://127.0.0.1:9/",
+                          subscriptionPolicy={"inflightSize": 5})
+    unordered = SubscriptionState(serial, positions={0: 100}, carried={(0, 100): retrying})
+    assert not _waiting_for_retry(unordered, now, {0: 500}), "only ordered subscriptions are held"

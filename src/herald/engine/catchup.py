@@ -166,14 +166,21 @@ def _clamped(positions: dict[int, int], frontier: dict[int, int]) -> dict[int, i
 
 
 def _waiting_for_retry(state: SubscriptionState, now: int, frontier: dict[int, int]) -> bool:
-    """Its position stops at a carried message whose next attempt is not due yet (nothing else can move), or,
-    BATCH, at a batch still open that neither its batchTime nor enough new records can close yet."""
-    carried = state.live_carried()
-    if not carried:
-        return False
+    """Nothing can move yet: in every partition it is behind in, its position stops at a carried message whose
+    next attempt is not due yet (ordered), or, BATCH, at a batch still open that neither its batchTime nor
+    enough new records can close yet. A partition behind with nothing carried there can move at once."""
     spec = state.subscription.delivery_spec
-    blocking = [(p, o, s) for (p, o), s in carried.items() if state.positions.get(p) == o]
-    return bool(blocking) and spec.ordered and all(
-        s.due_ms > now and not (spec.batch is not None and s.attempts == 0 and s.batch_last_offset is None
-                                and frontier.get(p, o) - o >= spec.batch.size)
-        for p, o, s in blocking)
+    carried = state.live_carried()
+    if not carried or not spec.ordered:
+        return False
+    behind_in = [p for p, end in frontier.items() if state.positions.get(p, end) < end]
+
+    def waits(partition: int) -> bool:
+        position = state.positions[partition]
+        held = carried.get((partition, position))
+        if held is None or held.due_ms <= now:
+            return False
+        open_batch = spec.batch is not None and held.attempts == 0 and held.batch_last_offset is None
+        return not (open_batch and frontier[partition] - position >= spec.batch.size)
+
+    return bool(behind_in) and all(waits(p) for p in behind_in)
