@@ -7,6 +7,8 @@ filtered and discarded and where the tables are, and stops everything it started
 The demo subscriber answers like a real, somewhat unreliable service:
 - an order marked "poison" is refused with 400 (not retried: it lands in the undelivered table);
 - every fifth order fails its first attempt with 503, every seventh with 503 + Retry-After: 1;
+- a batch (a JSON array, from a BATCH subscription) fails its first attempt with 503 when it holds an order
+  that would (it is then retried whole, with the same Hermes-Batch-Id); poison orders do not fail a batch;
 - everything else gets 200.
 """
 
@@ -40,10 +42,13 @@ class DemoSubscriber:
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
-    def answer(self, message_id: str, order: dict) -> tuple[int, dict[str, str]]:
+    def answer(self, message_id: str, order: dict | list) -> tuple[int, dict[str, str]]:
         with self._lock:
             self.attempts[message_id] += 1
             first_attempt = self.attempts[message_id] == 1
+        if isinstance(order, list):  # a batch
+            failing = first_attempt and any(int(item["order"]["number"]) % 5 == 0 for item in order)
+            return (503, {}) if failing else (200, {})
         number = int(order.get("order", {}).get("number", 0))
         if order.get("poison"):
             return 400, {}
@@ -68,10 +73,10 @@ class DemoSubscriber:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                message_id = self.headers.get("Hermes-Message-Id", "")
+                message_id = self.headers.get("Hermes-Message-Id") or self.headers.get("Hermes-Batch-Id", "")
                 try:
                     status, headers = subscriber.answer(message_id, json.loads(body))
-                except ValueError:
+                except (ValueError, KeyError, TypeError, AttributeError):
                     status, headers = 400, {}
                 with subscriber._lock:
                     subscriber.answers[status] += 1
@@ -152,10 +157,15 @@ def _report(config: HeraldConfig, subscriber: DemoSubscriber | None) -> None:
             print(f"- {subscription.id}: SUSPENDED, not run")
             continue
         metrics = readout.metrics(config, subscription)
-        retried = metrics["attempts"] - metrics["delivered"] - metrics["discarded"]
         print(f"- {subscription.id} -> {subscription.target.masked}")
-        print(f"    delivered {metrics['delivered']}, retried {retried} attempt(s), "
-              f"filtered {metrics['filtered']}, discarded {metrics['discarded']}")
+        if subscription.deliveryType == "BATCH":  # attempts are batches; delivered and discarded, messages
+            retried = metrics["attempts"] - metrics["batchesDelivered"] - metrics["batchesDiscarded"]
+            print(f"    delivered {metrics['delivered']} in {metrics['batchesDelivered']} batch(es), retried "
+                  f"{retried} batch attempt(s), filtered {metrics['filtered']}, discarded {metrics['discarded']}")
+        else:
+            retried = metrics["attempts"] - metrics["delivered"] - metrics["discarded"]
+            print(f"    delivered {metrics['delivered']}, retried {retried} attempt(s), "
+                  f"filtered {metrics['filtered']}, discarded {metrics['discarded']}")
         print(f"    answers: 2xx {metrics['codes2xx']}, 4xx {metrics['codes4xx']}, 5xx {metrics['codes5xx']}, "
               f"timeouts {metrics['timeouts']}, other errors {metrics['otherErrors']}")
         for row in readout.undelivered(config, subscription, limit=3):
