@@ -107,6 +107,11 @@ def test_a_message_that_is_not_json_is_discarded_alone_and_the_others_are_batche
     [discarded] = lane_report(report).discarded
     assert discarded.offset == 1 and discarded.reason.startswith("BATCH delivery sends a JSON array")
 
+    # read beside a batch that is carried to the next round, it is read again then: not discarded twice
+    report, transport, _ = run({0: batch_lane(size=10)}, [batch(rows(0, [0]) + [(bad, (0,))] + rows(0, [2]))], ok())
+    assert transport.sent == [] and lane_report(report).discarded == []
+    assert lane_report(report).stops == {0: 0}
+
 
 def test_an_open_batch_is_carried_to_the_next_round_and_closes_when_its_time_from_the_first_read_is_up():
     clock = FakeClock()
