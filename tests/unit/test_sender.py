@@ -250,6 +250,18 @@ def test_an_ordered_subscription_never_parks_it_stops_at_its_retry_and_carries_i
     assert result.counters.read == 2
 
 
+def test_an_undecodable_record_past_where_the_position_stops_is_discarded_by_the_round_that_passes_it_only():
+    rows = [(record(0, o), (0,)) for o in range(2)] + [(record(0, 2, error="bad bytes"), (0,))]
+    respond = scripted({("http://sub/a", 1): [500]})
+    report, _, _ = run({0: lane(inflight=1, ordered=True)}, [batch(rows)], respond, park_after_s=1.0)
+    result = lane_report(report)
+    assert result.stops == {0: 1}, "held at its retry: offset 2 is read again by the next round"
+    assert result.discarded == [] and result.counters.discarded == 0, "that round discards it, once"
+    report, _, _ = run({0: lane(inflight=1, ordered=True, starts={0: 1})}, [batch(rows[1:])], ok())
+    (discarded,) = lane_report(report).discarded
+    assert discarded.offset == 2 and discarded.reason == "Message could not be decoded: bad bytes"
+
+
 def test_a_carried_state_continues_its_attempts_and_ttl():
     clock = FakeClock()
     first_read_ms = clock.wall_ms() - 5_000

@@ -12,8 +12,7 @@ lane's, unchanged; this module decides what goes into a batch and what its end m
   and the partition takes no more messages until the one in flight ends;
 - a delivered batch counts every message delivered; a discarded one writes every message to `undelivered`
   with the batch id and the reason. A message that is not JSON cannot be an array element: it is discarded
-  alone, when the batch it was read beside ends (so a batch carried to a later round does not discard it
-  twice);
+  alone (and, read again past a carried batch, not twice: `Lane.forget_rereads`);
 - at the end of a round every batch not finished (open, closed or in retry) is carried at its first offset
   with its state, and the subscription's position stops there: a later round reads its messages again and
   rebuilds the same batch (a batch that was closed keeps its last offset, `RetryState.batch_last_offset`),
@@ -67,7 +66,7 @@ class Batch:
     set when it closes (or when it was carried closed: it then closes at that offset again)."""
 
     __slots__ = ("partition", "records", "elements", "volume", "first_read_at", "resumed", "last_offset", "closed",
-                 "delivery", "unsendable")
+                 "delivery")
 
     def __init__(self, partition: int, first_read_at: float, resumed: RetryState | None) -> None:
         self.partition = partition
@@ -79,7 +78,6 @@ class Batch:
         self.last_offset = resumed.batch_last_offset if resumed is not None else None
         self.closed = False
         self.delivery: Delivery | None = None
-        self.unsendable: list[tuple[Record, str]] = []  # read while it was the last: discarded when it ends
 
     @property
     def first_offset(self) -> int:
@@ -139,13 +137,10 @@ class BatchLane(Lane):
         """Put `record` into its partition's open batch (closing batches as their thresholds say); False when
         the partition has no room."""
         element = _json_text(record.body)
-        queue = self._partitions.setdefault(record.partition, deque())
         if isinstance(element, str):
-            if queue:  # discarded when that batch ends: if it is carried, this record is read again with it
-                queue[-1].unsendable.append((record, element))
-            else:
-                self._discard_record(record, element, EndedBy.DECODE, None, 0, now_ms)
+            self._discard_record(record, element, EndedBy.DECODE, None, 0, now_ms)
             return True
+        queue = self._partitions.setdefault(record.partition, deque())
         batch = queue[-1] if queue and not queue[-1].closed else None
         if batch is not None:
             if batch.last_offset is not None:  # rebuilding a batch carried closed: it ends where it ended
@@ -239,22 +234,19 @@ class BatchLane(Lane):
             lines += signature_lines(plan.signing_keys, record.message_id, now_ms // 1000, body)
         return HttpRequest(target.url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
 
-    def _ended(self, delivery: Delivery, now_ms: int | None) -> Batch:
-        """The batch of `delivery` ended: the messages that could not go in it are discarded, and the next
-        closed batch of its partition may go."""
+    def _ended(self, delivery: Delivery) -> Batch:
+        """The batch of `delivery` ended: the next closed batch of its partition may go."""
         queue = self._partitions[delivery.record.partition]
         batch = queue.popleft()
         assert batch.delivery is delivery
         self.in_flight -= 1
         self._held -= len(batch.records)
-        for record, reason in batch.unsendable:
-            self._discard_record(record, reason, EndedBy.DECODE, None, 0, now_ms)
         if queue and queue[0].closed:
             self._push(queue[0].delivery)
         return batch
 
     def _delivered(self, delivery: Delivery, now_ms: int) -> None:
-        batch = self._ended(delivery, now_ms)
+        batch = self._ended(delivery)
         self.counters.delivered += len(batch.records)
         self.counters.batches_delivered += 1
         if self._tracing:
@@ -268,7 +260,7 @@ class BatchLane(Lane):
     def _discard(self, delivery: Delivery, reason: str, ended_by: str, now_ms: int | None) -> None:
         """Every message of the batch goes to `undelivered`, with the batch id and the last attempt's reason."""
         delivery.finish("discarded")
-        batch = self._ended(delivery, now_ms)
+        batch = self._ended(delivery)
         self.counters.batches_discarded += 1
         for record in batch.records:
             self._discard_record(record, reason, ended_by, delivery.last_status, delivery.attempts, now_ms,

@@ -405,11 +405,20 @@ class Lane:
         self.report.traced.append(Traced(record.partition, record.offset, record.message_id, status, now_ms, reason,
                                    http_status))
 
-    def untrace_rereads(self) -> None:
-        """Drop INFLIGHT and FILTERED steps of rows at or past where the position stops (they are read again
-        by a later round, which records them then), except for messages carried there with their state."""
+    def forget_rereads(self) -> None:
+        """Forget what a later round records again for the rows at or past where the position stops (it reads
+        them again): their INFLIGHT and FILTERED steps, except for messages carried there with their state, and
+        the discards of messages never attempted (undecodable, or an endpoint placeholder without a value),
+        which would otherwise leave a second undelivered row."""
         stops = self.report.stops
-        if not self._tracing or not stops:
+        if not stops:
+            return
+        report = self.report
+        kept = [item for item in report.discarded
+                if item.attempts > 0 or item.offset < stops.get(item.partition, math.inf)]
+        self.counters.discarded -= len(report.discarded) - len(kept)
+        report.discarded[:] = kept
+        if not self._tracing:
             return
         carried = {(item.partition, item.offset) for item in self.report.carried}
         self.report.traced[:] = [

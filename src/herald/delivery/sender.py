@@ -274,7 +274,7 @@ class TaskSender:
         offsets = {p: np.concatenate(arrays) for p, arrays in self._offsets.items()}
         report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted)
         for index, lane in self.lanes.items():
-            lane.untrace_rereads()
+            lane.forget_rereads()
             lane_report = lane.report
             lane_report.counters.read = _rows_gone_through(offsets, lane.plan.starts, lane_report.stops, lane.cut)
             lane_report.counters.finished_ms = now_ms
