@@ -53,6 +53,12 @@ def test_a_schema_rejects_what_the_loader_rejects():
     jsonschema.validate({"topicName": "g.t", "name": "s", "endpoints": ["http://a/", "http://b/"]}, subscription)
     with pytest.raises(jsonschema.ValidationError, match="valid under each of"):
         jsonschema.validate({**valid, "endpoints": ["http://a/"]}, subscription)
+    jsonschema.validate({**valid, "deliveryType": "BATCH", "subscriptionPolicy": {"batchSize": 5}}, subscription)
+    with pytest.raises(jsonschema.ValidationError, match="'inflightSize' was unexpected"):
+        jsonschema.validate({**valid, "deliveryType": "BATCH", "subscriptionPolicy": {"inflightSize": 5}},
+                            subscription)
+    with pytest.raises(jsonschema.ValidationError, match="'batchSize' was unexpected"):
+        jsonschema.validate({**valid, "subscriptionPolicy": {"batchSize": 5}}, subscription)
 
 
 def test_herald_schema_writes_every_schema(tmp_path, capsys):

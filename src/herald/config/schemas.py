@@ -34,6 +34,12 @@ def json_schemas() -> dict[str, dict]:
     schemas = {}
     for file_name, (model, title) in SCHEMA_FILES.items():
         schema = model.model_json_schema(mode="validation")
+        if model is Subscription:  # the policy of the file's deliveryType, not either (as validate checks)
+            schema.update({
+                "if": {"properties": {"deliveryType": {"const": "BATCH"}}, "required": ["deliveryType"]},
+                "then": {"properties": {"subscriptionPolicy": {"$ref": "#/$defs/BatchPolicy"}}},
+                "else": {"properties": {"subscriptionPolicy": {"$ref": "#/$defs/SerialPolicy"}}},
+            })
         schemas[file_name] = {"$schema": _DIALECT, **schema, "title": title}
     return schemas
 
