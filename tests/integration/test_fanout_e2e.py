@@ -99,7 +99,11 @@ def test_a_poison_message_retries_beside_later_messages_then_is_discarded_by_its
     with ScriptedSubscriber() as sub:
         conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {"s": {
             "endpoint": sub.url, "subscriptionPolicy": {"messageTtl": 6, "messageBackoff": 300, "inflightSize": 10},
-        }}}, settings={"streaming": {"parkAfterMs": 500}})
+        }}}, settings={"streaming": {"parkAfterMs": 500},
+                       # no flow-control window closes during the test: the poison's failures alone would
+                       # otherwise slow the whole subscription to probes (by design, tested elsewhere) and
+                       # the later messages' timing would depend on when the windows close
+                       "rateControl": {"adjustIntervalMs": 60_000}})
         with RunningHerald(conf, spark):
             produce(broker.bootstrap_servers, topic_name, [{"i": 0, "replies": [[500]]}])
             assert wait_until(lambda: len(sub.requests) >= 2, timeout_s=60)
