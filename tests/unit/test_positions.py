@@ -86,3 +86,26 @@ def test_catch_up_waits_only_while_every_partition_behind_is_held_by_something_n
                           subscriptionPolicy={"inflightSize": 5})
     unordered = SubscriptionState(serial, positions={0: 100}, carried={(0, 100): retrying})
     assert not _waiting_for_retry(unordered, now, {0: 500}), "only ordered subscriptions are held"
+
+
+def test_once_stops_for_an_ordered_subscription_only_when_every_partition_behind_is_held_by_a_retried_message():
+    from herald.config import Subscription
+    from herald.delivery.message import RetryState
+    from herald.engine.context import now_ms
+    from herald.engine.runner import _held
+    from herald.engine.state import SubscriptionState
+
+    now = now_ms()
+    batch = Subscription(topicName="g.t", name="b", endpoint="http://127.0.0.1:9/", deliveryType="BATCH",
+                         subscriptionPolicy={"batchSize": 10})
+    retried_long = RetryState(attempts=3, first_read_ms=now - 20_000, due_ms=now + 5_000, batch_last_offset=109)
+    state = SubscriptionState(batch, positions={0: 100, 1: 50}, carried={(0, 100): retried_long})
+    assert _held(state, {0: 200, 1: 50}, patience_s=10), "its only partition behind keeps failing"
+    assert not _held(state, {0: 200, 1: 60}, patience_s=10), "partition 1 is behind with nothing in its way"
+    assert not _held(state, {0: 200, 1: 50}, patience_s=30), "not retried for long enough yet"
+    never_sent = RetryState(attempts=0, first_read_ms=now - 20_000, due_ms=now, batch_last_offset=109)
+    state.carried = {(0, 100): never_sent}
+    assert not _held(state, {0: 200, 1: 50}, patience_s=10), "a batch closed but not attempted yet holds nothing"
+    serial = Subscription(topicName="g.t", name="s", endpoint="http://127.0.0.1:9/")
+    unordered = SubscriptionState(serial, positions={0: 100}, carried={(0, 100): retried_long})
+    assert not _held(unordered, {0: 200}, patience_s=10), "an unordered subscription parks instead"

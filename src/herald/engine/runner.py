@@ -302,8 +302,8 @@ class Runner:
                 return False
             with pipeline.lock:
                 for state in pipeline.states.values():
-                    if state.busy or (behind(state.positions, pipeline.frontier or {})
-                                      and not _held(state, deadline_s)):
+                    frontier = pipeline.frontier or {}
+                    if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)):
                         return False
         return self.context.retries.tried_since(self._started_ms) and self.context.writer.pending == 0
 
@@ -355,12 +355,22 @@ class Runner:
         return failed
 
 
-def _held(state: SubscriptionState, patience_s: float) -> bool:
-    """An ordered subscription stopped at a message it has been retrying for longer than `patience_s`."""
+def _held(state: SubscriptionState, frontier: dict[int, int], patience_s: float) -> bool:
+    """An ordered subscription whose every partition behind `frontier` is stopped at a message (or batch) it has
+    attempted and kept retrying for longer than `patience_s` since its first read: --once does not wait out its
+    TTL. A message not attempted yet (a batch closed as the round ended, a subscription slowed by flow control)
+    holds nothing: it is sent by the next catch-up round."""
     if not state.subscription.delivery_spec.ordered:
         return False
-    blocking = [s for (p, o), s in state.live_carried().items() if state.positions.get(p) == o]
-    return bool(blocking) and all(now_ms() - s.first_read_ms >= patience_s * 1000 for s in blocking)
+    carried, now = state.live_carried(), now_ms()
+    for partition, end in frontier.items():
+        position = state.positions.get(partition, end)
+        if position >= end:
+            continue
+        blocking = carried.get((partition, position))
+        if blocking is None or blocking.attempts == 0 or now - blocking.first_read_ms < patience_s * 1000:
+            return False
+    return True
 
 
 def _short(error) -> str:
