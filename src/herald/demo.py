@@ -7,8 +7,9 @@ filtered and discarded and where the tables are, and stops everything it started
 The demo subscriber answers like a real, somewhat unreliable service:
 - an order marked "poison" is refused with 400 (not retried: it lands in the undelivered table);
 - every fifth order fails its first attempt with 503, every seventh with 503 + Retry-After: 1;
-- a batch (a JSON array, from a BATCH subscription) fails its first attempt with 503 when it holds an order
-  that would (it is then retried whole, with the same Hermes-Batch-Id); poison orders do not fail a batch;
+- the first batch (a JSON array, from a BATCH subscription) fails its first attempt with 503; it is then
+  retried whole, with the same Hermes-Batch-Id (failing more batches would make flow control slow a
+  subscription of a few batches down to a probe a minute, as Hermes does);
 - everything else gets 200.
 """
 
@@ -37,6 +38,7 @@ class DemoSubscriber:
         self.attempts: Counter[str] = Counter()  # Hermes-Message-Id -> attempts seen
         self.accepted: dict[str, list[str]] = {}  # path -> accepted message ids
         self.answers: Counter[int] = Counter()
+        self._failed_a_batch = False
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
@@ -46,9 +48,10 @@ class DemoSubscriber:
         with self._lock:
             self.attempts[message_id] += 1
             first_attempt = self.attempts[message_id] == 1
+            fails_the_batch = isinstance(order, list) and first_attempt and not self._failed_a_batch
+            self._failed_a_batch = self._failed_a_batch or fails_the_batch
         if isinstance(order, list):  # a batch
-            failing = first_attempt and any(int(item["order"]["number"]) % 5 == 0 for item in order)
-            return (503, {}) if failing else (200, {})
+            return (503, {}) if fails_the_batch else (200, {})
         number = int(order.get("order", {}).get("number", 0))
         if order.get("poison"):
             return 400, {}
