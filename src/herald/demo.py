@@ -121,9 +121,11 @@ def run_demo(conf_dir: Path) -> int:
     storage = Path(config.storage_path)
     if storage.exists() and ".herald" in storage.parts:
         shutil.rmtree(storage)  # a fresh demo every time (only ever under a .herald directory)
-    broker = EmbeddedBroker(conf_dir.resolve().parent / ".herald" / "broker",
-                            port=_port(config.settings.kafka.bootstrapServers.split(",")[0], 19092))
+    broker_dir = conf_dir.resolve().parent / ".herald" / "broker"
+    broker = EmbeddedBroker(broker_dir, port=_port(config.settings.kafka.bootstrapServers.split(",")[0], 19092))
     broker_was_up = broker.is_up()
+    if not broker_was_up and broker_dir.exists():
+        shutil.rmtree(broker_dir)  # and fresh topics: the fresh tables start at earliest, so old orders would go again
     subscriptions = config.active_subscriptions()
     subscriber = DemoSubscriber(_port(subscriptions[0].target.url, 18080)) if subscriptions else None
     try:
