@@ -180,8 +180,7 @@ class BatchLane(Lane):
         if resumed is not None and resumed.attempts > 0:
             delivery = Delivery.resumed(carrier, resumed, now, now_ms)
         else:
-            delivery = Delivery(carrier, first_read_at=batch.first_read_at, due_at=now)
-            self._fresh += 1
+            delivery = self._count_fresh(Delivery(carrier, first_read_at=batch.first_read_at, due_at=now))
         batch.delivery = delivery
         if self._partitions[batch.partition][0] is batch:
             self._push(delivery)

@@ -68,8 +68,8 @@ class Lane:
         next_free = now + (carried_permit - now_ms) / 1000 if carried_permit else float("-inf")
         self.cap = RateCap(self.flow.rate_per_s, next_free)
         self._waiting: list[tuple[float, int, Delivery]] = []  # admitted, not open: by due time
-        self._fresh = 0  # waiting deliveries never attempted
-        self._open_first = 0  # open attempts that are first attempts
+        self._fresh = 0  # waiting deliveries not attempted yet: never, or (parked retries) not in this task
+        self._open_first = 0  # open attempts that are the first of their delivery here
         self.settling = False  # starts no more attempts; settles once its open attempts are answered
         self._sequence = itertools.count()
         self._resume = plan.resume
@@ -143,14 +143,19 @@ class Lane:
         """A message entering flight: new (after any sending delay) or continuing from its retry `state`."""
         if state is not None:
             delivery = Delivery.resumed(record, state, now, now_ms)
-            if delivery.attempts == 0:
-                self._fresh += 1
+            if delivery.attempts == 0 or not self.plan.positional:
+                self._count_fresh(delivery)  # a parked retry: the round is for trying it
             return delivery
         delay_s = 0.0
         if self.plan.sending_delay_s > 0:
             delay_s = max(0.0, self.plan.sending_delay_s - max(0, now_ms - record.timestamp_ms) / 1000)
+        return self._count_fresh(Delivery(record, first_read_at=now, due_at=now + delay_s))
+
+    def _count_fresh(self, delivery: Delivery) -> Delivery:
+        """`delivery` is not attempted yet: the lane is not stalled (`stalled`) until it is."""
+        delivery.fresh = True
         self._fresh += 1
-        return Delivery(record, first_read_at=now, due_at=now + delay_s)
+        return delivery
 
     def _admit_broadcast(self, record: Record, state, urls, now: float, now_ms: int) -> None:
         """One delivery per endpoint the message has not reached yet (every endpoint, unless it continues)."""
@@ -179,6 +184,9 @@ class Lane:
                 return due_at, started
             if delivery.attempts > 0 and now > self.plan.retry.deadline(delivery.first_read_at):
                 heapq.heappop(self._waiting)
+                if delivery.fresh:
+                    delivery.fresh = False
+                    self._fresh -= 1
                 self._discard(delivery, delivery.last_reason, EndedBy.TTL, now_ms)
                 continue
             if started >= room:
@@ -211,7 +219,9 @@ class Lane:
 
     def _begin(self, delivery: Delivery) -> None:
         """An attempt of `delivery` starts (its answer comes to `answer`)."""
-        if delivery.attempts == 0:
+        if delivery.fresh:
+            delivery.fresh = False
+            delivery.opening = True
             self._fresh -= 1
             self._open_first += 1
         self.open += 1
@@ -222,7 +232,8 @@ class Lane:
     def answer(self, delivery: Delivery, started_at: float, result, now: float, now_ms: int) -> None:
         """Classify the answer to an attempt and deliver, retry or discard."""
         self.open -= 1
-        if delivery.attempts == 1:
+        if delivery.opening:
+            delivery.opening = False
             self._open_first -= 1
         if isinstance(result, HttpAnswer):
             outcome = classify(result.status, result.retry_after,
@@ -259,6 +270,8 @@ class Lane:
         """A 2xx ended `delivery` (for BROADCAST, at one endpoint)."""
         if self._message_done(delivery, failed=False) and (delivery.group is None or not delivery.group.failed):
             self.counters.delivered += 1
+            if not self.plan.positional:
+                self.report.delivered.append((delivery.record.partition, delivery.record.offset))
             if self._tracing:
                 self._trace(delivery.record, SUCCESS, now_ms)
 

@@ -123,7 +123,7 @@ class Delivery:
     """One subscription's message in flight in a task; times are the task's monotonic seconds."""
 
     __slots__ = ("record", "first_read_at", "due_at", "attempts", "backoff_s", "last_status", "last_reason",
-                 "finished", "target", "urls", "group", "bearer")
+                 "finished", "target", "urls", "group", "bearer", "fresh", "opening")
 
     def __init__(self, record: Record, first_read_at: float, due_at: float) -> None:
         self.record = record
@@ -138,6 +138,8 @@ class Delivery:
         self.urls: tuple[str, ...] | None = None  # templated targets: each target's URL filled for this message
         self.group: Broadcast | None = None  # BROADCAST: the message this delivery to one endpoint is part of
         self.bearer: str | None = None  # OAuth: the token its open attempt carries (never shown)
+        self.fresh = False  # counted by its lane as not attempted yet (in this task)
+        self.opening = False  # its open attempt is its first in this task
 
     @classmethod
     def resumed(cls, record: Record, state: RetryState, now: float, now_ms: int) -> Delivery:

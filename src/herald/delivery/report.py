@@ -19,7 +19,7 @@ from herald.delivery.message import Record, RetryState
 
 REPORT_SCHEMA = pa.schema([
     ("task", pa.string()),  # one id per task run
-    ("row_type", pa.string()),  # "task" | "lane" | "discarded" | "parked" | "carried" | "traced"
+    ("row_type", pa.string()),  # "task" | "lane" | "discarded" | "parked" | "carried" | "traced" | "delivered"
     ("lane", pa.int32()),
     ("partition", pa.int32()),
     ("offset", pa.int64()),
@@ -74,6 +74,7 @@ class LaneCounters:
     inflight_peak: int = 0
     batches_delivered: int = 0  # BATCH: batches delivered and discarded (their messages count in delivered
     batches_discarded: int = 0  # and discarded)
+    lost: int = 0  # offsets of the subscription's range Kafka deleted before they were read (set by the driver)
     started_ms: int = 0
     finished_ms: int = 0
 
@@ -159,6 +160,8 @@ class LaneReport:
 
     stops: partition -> the first offset the subscription has not finished (its position may not pass it).
     cut: the subscription stopped taking input part-way; partitions missing from `stops` were not reached.
+    delivered: (partition, offset) of each message delivered, for lanes outside any position (parked retries,
+        `LanePlan.positional` False), whose round must record exactly which messages ended; empty otherwise.
     """
 
     counters: LaneCounters = field(default_factory=LaneCounters)
@@ -169,6 +172,7 @@ class LaneReport:
     parked: list[Parked] = field(default_factory=list)
     carried: list[Carried] = field(default_factory=list)
     traced: list[Traced] = field(default_factory=list)
+    delivered: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -176,17 +180,21 @@ class TaskReport:
     """One task's outcome.
 
     progress: partition -> the offset after the last row the task read of it.
+    firsts: partition -> the first offset the task read of it (a round's range may start below it: records
+        Kafka deleted before they were read, or offsets a transaction marker or compaction left empty).
     exhausted: the task read all its input (every partition it had was read to the end of the round).
     """
 
     task: str = ""
     progress: dict[int, int] = field(default_factory=dict)
+    firsts: dict[int, int] = field(default_factory=dict)
     exhausted: bool = True
     lanes: dict[int, LaneReport] = field(default_factory=dict)
 
     def to_arrow(self) -> pa.RecordBatch:
         rows: list[dict] = [{"row_type": "task", "stats": json.dumps(
-            {"progress": {str(p): o for p, o in self.progress.items()}, "exhausted": self.exhausted})}]
+            {"progress": {str(p): o for p, o in self.progress.items()}, "exhausted": self.exhausted,
+             "firsts": {str(p): o for p, o in self.firsts.items()}})}]
         for index, lane in self.lanes.items():
             flow = lane.flow_state
             stats = {"counters": asdict(lane.counters), "stops": {str(p): o for p, o in lane.stops.items()},
@@ -207,6 +215,8 @@ class TaskReport:
             for item in lane.carried:
                 rows.append({"row_type": "carried", "lane": index, "partition": item.partition,
                              "offset": item.offset, **_state_columns(item.state)})
+            for partition, offset in lane.delivered:
+                rows.append({"row_type": "delivered", "lane": index, "partition": partition, "offset": offset})
             for step in lane.traced:
                 rows.append({"row_type": "traced", "lane": index, "partition": step.partition,
                              "offset": step.offset, "message_id": step.message_id, "event": step.status,
@@ -226,6 +236,7 @@ class TaskReport:
             if kind == "task":
                 stats = json.loads(row["stats"])
                 report.progress = {int(p): o for p, o in stats["progress"].items()}
+                report.firsts = {int(p): o for p, o in stats.get("firsts", {}).items()}
                 report.exhausted = stats["exhausted"]
                 continue
             lane = report.lanes.setdefault(row["lane"], LaneReport())
@@ -247,6 +258,8 @@ class TaskReport:
                 lane.parked.append(Parked(record, _state_of(row)))
             elif kind == "carried":
                 lane.carried.append(Carried(row["partition"], row["offset"], _state_of(row)))
+            elif kind == "delivered":
+                lane.delivered.append((row["partition"], row["offset"]))
             elif kind == "traced":
                 lane.traced.append(Traced(row["partition"], row["offset"], row["message_id"], row["event"],
                                           row["event_ms"], row["reason"], row["http_status"]))

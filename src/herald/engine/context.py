@@ -18,6 +18,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_stamp_lock = threading.Lock()
+_last_stamp_ms = 0
+
+
+def stamp_ms() -> int:
+    """The time (epoch ms) a round's rows are stamped with: never the same twice in this process, and never
+    earlier than a stamp given before, so that of two rows about one message the later-handed one is newer."""
+    global _last_stamp_ms
+    with _stamp_lock:
+        _last_stamp_ms = max(now_ms(), _last_stamp_ms + 1)
+        return _last_stamp_ms
+
+
 @dataclass
 class EngineContext:
     """spark: the session; config: the configuration in force (the watcher replaces it); connector: 'spark' or

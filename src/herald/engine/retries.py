@@ -25,7 +25,7 @@ from herald.delivery.message import Record, RetryState
 from herald.delivery.plan import TaskPlan
 from herald.delivery.report import Parked
 from herald.delivery.sender import TaskSender
-from herald.engine.context import EngineContext, now_ms
+from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.planner import lane_plan
 from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row, table_rows
 from herald.engine.state import SubscriptionState
@@ -45,8 +45,12 @@ class ParkedMessage:
 
 
 class RetryDriver:
-    def __init__(self, context: EngineContext) -> None:
+    """due_until_ms: with `--once`, the run's start (epoch ms): only messages due by then are re-driven, each in
+    one round, and those parked again (or parked by this run) wait for the next run, so the run can end."""
+
+    def __init__(self, context: EngineContext, due_until_ms: int | None = None) -> None:
         self.context = context
+        self.due_until_ms = due_until_ms
         self._lock = threading.Lock()
         self._parked: dict[str, dict[tuple[int, int], ParkedMessage]] = {}
         self._active: dict[str, Subscription] = {}
@@ -130,7 +134,7 @@ class RetryDriver:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            due = self._due()
+            due = self.due_now()
             if not due:
                 self._wake.wait(self._sleep_s())
                 self._wake.clear()
@@ -149,13 +153,17 @@ class RetryDriver:
     def _sleep_s(self) -> float:
         with self._lock:
             dues = [max(m.state.due_ms, self._next_permit.get(sid, 0)) for sid, messages in self._parked.items()
-                    if sid in self._active for m in messages.values()]
+                    if sid in self._active for m in messages.values()
+                    if self.due_until_ms is None or m.state.due_ms <= self.due_until_ms]
         if not dues:
             return 1.0
         return min(1.0, max(0.0, (min(dues) - now_ms()) / 1000))
 
-    def _due(self) -> dict[str, list[ParkedMessage]]:
+    def due_now(self) -> dict[str, list[ParkedMessage]]:
+        """ACTIVE subscription id -> its parked messages due now (and allowed by its rate), for a round."""
         horizon = now_ms() + _EARLY_MS
+        if self.due_until_ms is not None:
+            horizon = min(horizon, self.due_until_ms)
         with self._lock:
             return {sid: [m for m in messages.values() if m.state.due_ms <= horizon]
                     for sid, messages in self._parked.items()
@@ -180,6 +188,32 @@ class RetryDriver:
             if state.flow.mode is not flow.mode:
                 state.flow = FlowState(flow.mode, flow.rate_per_s if flow.mode is not FlowMode.NORMAL else None,
                                        state.flow.next_permit_ms)
+
+    def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome) -> None:
+        """Record what the round did to each of a subscription's `due` messages, and only that: delivered or
+        discarded (it leaves the registry with a terminal row), attempted and still retrying (parked again
+        with its new state), or never attempted (a stop came first: it stays parked as it was, no row)."""
+        delivered = set(lane.delivered)
+        ended = {(item.partition, item.offset) for item in lane.discarded}
+        again = {(item.record.partition, item.record.offset): item for item in lane.parked}
+        with self._lock:
+            registry = self._parked.get(subscription_id, {})
+            for message in due:
+                key = (message.record.partition, message.record.offset)
+                item = again.get(key)
+                if item is not None:  # some endpoint still to reach, or still retrying
+                    if item.state.attempts != message.state.attempts or item.state.targets != message.state.targets:
+                        outcome.parked.append(item)
+                        if key in registry:
+                            registry[key] = ParkedMessage(item.record, item.state, registry[key].kafka_topic)
+                    continue
+                if key in ended:
+                    outcome.resolved[key] = (message.record, DISCARDED)
+                    registry.pop(key, None)
+                elif key in delivered:
+                    outcome.resolved[key] = (message.record, DELIVERED)
+                    registry.pop(key, None)
+        outcome.counters.parked = len(outcome.parked)
 
     def run_round(self, due: dict[str, list[ParkedMessage]]) -> RoundResult:
         """Re-drive `due` (subscription id -> messages) once; record and return what happened."""
@@ -211,27 +245,15 @@ class RetryDriver:
             self._hand_back_flow(subscription.id, lane.flow_state)
             self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
             outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
-                                          discarded=lane.discarded, parked=lane.parked, traced=lane.traced)
-            ended = {(d.partition, d.offset) for d in lane.discarded}
-            still = {(p.record.partition, p.record.offset) for p in lane.parked}
-            with self._lock:
-                messages = self._parked.get(subscription.id, {})
-                for message in due[subscription.id]:
-                    key = (message.record.partition, message.record.offset)
-                    if key in still:
-                        continue
-                    outcome.resolved[key] = (message.record, DISCARDED if key in ended else DELIVERED)
-                    messages.pop(key, None)
-                for item in lane.parked:
-                    key = (item.record.partition, item.record.offset)
-                    if key in messages:
-                        messages[key] = ParkedMessage(item.record, item.state, messages[key].kafka_topic)
+                                          discarded=lane.discarded, traced=lane.traced)
+            self._resolve(subscription.id, due[subscription.id], lane, outcome)
             result.outcomes.append(outcome)
         context.writer.submit(Slice(result.writer, batch_id),
-                              [(t, r) for t, r in table_rows(result, now_ms()) if r.num_rows])
+                              [(t, r) for t, r in table_rows(result, stamp_ms()) if r.num_rows])
         context.recorded(result, time.monotonic() - started)
-        delivered = sum(o.counters.delivered for o in result.outcomes)
-        log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again", batch_id,
-                 len(rows), delivered, sum(o.counters.discarded for o in result.outcomes),
-                 sum(len(o.parked) for o in result.outcomes))
+        ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
+        log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again, %d not attempted "
+                 "(still parked)", batch_id, len(rows), sum(o.counters.delivered for o in result.outcomes),
+                 sum(o.counters.discarded for o in result.outcomes), sum(len(o.parked) for o in result.outcomes),
+                 len(rows) - ended)
         return result

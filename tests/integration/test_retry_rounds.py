@@ -1,0 +1,148 @@
+"""The retry driver records only what happened to a parked message (issue: nothing lost, nothing stuck).
+
+The driver runs its rounds on the driver process with the tasks' sender, so these tests need no Spark: real
+Delta tables (delta-rs), a real HTTP subscriber on 127.0.0.1. The last test runs `herald run --once` end to end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from herald.config import load_config
+from herald.delivery.message import Record, RetryState
+from herald.delivery.report import Parked
+from herald.engine.context import EngineContext, now_ms, stamp_ms
+from herald.engine.retries import RetryDriver
+from herald.engine.runner import Runner
+from herald.storage import DeltaRsStore, TableWriter
+from herald.storage.tables import RETRIES
+from tests.support.herald_env import produce, write_conf
+from tests.support.subscriber import Reply, ScriptedSubscriber
+
+
+def _driver(tmp_path, url: str, policy: dict | None = None) -> tuple[RetryDriver, object]:
+    conf = write_conf(tmp_path, "127.0.0.1:9", "retry.topic", {"s": {
+        "endpoint": url, "subscriptionPolicy": {"messageBackoff": 100, **(policy or {})}}},
+        settings={"streaming": {"parkAfterMs": 0}})
+    config = load_config(conf)
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    context = EngineContext(spark=None, config=config, connector="python", store=store, writer=TableWriter(store))
+    driver = RetryDriver(context)
+    driver.set_active(config.subscriptions)
+    return driver, config.subscriptions[0]
+
+
+def _park(driver: RetryDriver, subscription, count: int) -> None:
+    now = now_ms()
+    parked = [Parked(Record(partition=0, offset=offset, timestamp_ms=now, message_id=f"m{offset}",
+                            body=b'{"n": %d}' % offset),
+                     RetryState(attempts=1, first_read_ms=now - 1000, due_ms=now - 10, backoff_s=0.1,
+                                last_status=500, last_reason="Message sending failed with status code:500"))
+              for offset in range(count)]
+    driver.park(subscription, "retry.topic", parked)
+
+
+def _rows(tmp_path) -> list[dict]:
+    return DeltaRsStore(str(tmp_path / "storage")).read(RETRIES).to_pylist()
+
+
+def test_a_round_stopped_before_its_sender_took_anything_records_nothing_and_keeps_every_message_parked(tmp_path):
+    """The stop flag is set after the due messages were picked and before the sender took them (the end of a
+    --once run, SIGINT, SIGTERM): no DELIVERED row, nothing sent, every message still parked as it was."""
+    with ScriptedSubscriber() as sub:
+        driver, subscription = _driver(tmp_path, sub.url)
+        _park(driver, subscription, 40)
+        due = driver.due_now()
+        assert sum(len(messages) for messages in due.values()) == 40
+        driver.stop()
+        result = driver.run_round(due)
+        driver.context.writer.close()
+    assert sub.requests == []
+    assert driver.parked_count(subscription.id) == 40
+    outcome = result.outcomes[0]
+    assert outcome.resolved == {} and outcome.parked == []
+    assert _rows(tmp_path) == [], "a message that was not attempted costs no row"
+    assert driver.summary()[0] == 40
+
+
+def test_a_round_records_delivered_discarded_and_retrying_messages_each_once(tmp_path):
+    """What the sender did is what the round records: a row per message that changed, of the right state."""
+    def respond(request) -> Reply:
+        n = request.json()["n"]
+        return Reply(200 if n % 3 == 0 else 400 if n % 3 == 1 else 500)
+
+    with ScriptedSubscriber(respond) as sub:
+        driver, subscription = _driver(tmp_path, sub.url)
+        _park(driver, subscription, 9)
+        driver.run_round(driver.due_now())
+        driver.context.writer.close()
+    states = {row["offset"]: row["state"] for row in _rows(tmp_path)}
+    assert states == {n: ["DELIVERED", "DISCARDED", "PARKED"][n % 3] for n in range(9)}
+    assert len(_rows(tmp_path)) == 9
+    assert driver.parked_count(subscription.id) == 3
+    retrying = [row for row in _rows(tmp_path) if row["state"] == "PARKED"]
+    assert all(row["attempts"] >= 2 for row in retrying), "attempts count on from the parked state"
+
+
+def test_parked_messages_reach_the_retry_driver_only_after_their_parked_rows(tmp_path):
+    """A round's parked messages go to the retry driver once its rows are handed to the writer, and a retry
+    round's rows are stamped later: however fast the retry, a message's newest row is its latest state."""
+    from herald.engine.fanout import Participant
+    from herald.engine.planner import lane_plan
+    from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome
+    from herald.engine.state import SubscriptionState
+    from herald.engine.topic import TopicPipeline
+
+    with ScriptedSubscriber() as sub:
+        driver, subscription = _driver(tmp_path, sub.url)
+        context = driver.context
+        context.retries = driver
+        state = SubscriptionState(subscription, positions={0: 0})
+        pipeline = TopicPipeline(context, context.config.topic_of(subscription), [state])
+        now = now_ms()
+        record = Record(partition=0, offset=0, timestamp_ms=now, message_id="m0", body=b'{"n": 0}')
+        parked = Parked(record, RetryState(attempts=1, first_read_ms=now, due_ms=now - 1, last_status=503))
+        outcome = SubscriptionOutcome(subscription, parked=[parked], positions={0: 1})
+        pipeline.apply([Participant(0, state, lane_plan(state, context.flow_settings, 0))], [outcome])
+        assert driver.parked_count(subscription.id) == 0, "not before the round's PARKED row is handed over"
+        pipeline.record(RoundResult(STREAM, "stream:q", 7, "retry.topic", "test", [outcome]), possible_replay=False,
+                        duration_s=0.1)
+        assert driver.parked_count(subscription.id) == 1
+        driver.run_round(driver.due_now())  # delivered at once: 200
+        context.writer.close()
+    newest = DeltaRsStore(str(tmp_path / "storage")).latest(RETRIES, ("subscription", "partition", "offset"),
+                                                             "recorded_at DESC, batch_id DESC").to_pylist()
+    assert [row["state"] for row in newest] == ["DELIVERED"]
+    stamps = [stamp_ms() for _ in range(1000)]
+    assert stamps == sorted(set(stamps)), "row stamps never repeat and never go back"
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_once_ends_while_a_subscriber_fails_everything_and_costs_a_row_per_message_per_run(
+        broker, spark, topic_name, tmp_path):
+    """40 messages, every attempt answered 500, messageBackoff 100 ms, parkAfterMs 0: each --once run ends by
+    itself, parks what it tried, and writes one retries row per message and run (not one per round)."""
+    broker.create_topics({topic_name: 2})
+    with ScriptedSubscriber(lambda request: Reply(500)) as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {
+            "endpoint": sub.url, "subscriptionPolicy": {"messageBackoff": 100}}},
+            settings={"streaming": {"parkAfterMs": 0}})
+        produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(40)])
+        for run in range(1, 4):
+            runner = Runner(load_config(conf), spark=spark)
+            assert runner.run(once=True) == 0
+            assert runner.context.writer.pending == 0, "a stop leaves no round unwritten"
+            assert runner.context.retries.summary()[0] == 40
+            rows = _rows(tmp_path)
+            per_message: dict[int, int] = {}
+            for row in rows:
+                per_message[(row["partition"], row["offset"])] = per_message.get((row["partition"], row["offset"]),
+                                                                                 0) + 1
+            assert len(per_message) == 40 and max(per_message.values()) <= run, per_message
+            assert {row["state"] for row in rows} == {"PARKED"}, "nothing recorded as delivered"
+            time.sleep(0.2)  # every parked message is due before the next run
+    attempts = len(sub.requests)
+    assert attempts >= 40 * 3, "each run tried every message at least once"
