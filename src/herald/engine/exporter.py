@@ -4,7 +4,7 @@
 Per subscription (label `subscription`, the id `group.topic.name`):
 
 - counters `herald_read_total`, `herald_delivered_total`, `herald_discarded_total`, `herald_filtered_total`,
-  `herald_parked_total`, `herald_attempts_total`, `herald_answers_total{class=2xx|3xx|4xx|5xx|timeout|other}`
+  `herald_parked_total`, `herald_attempts_total`, `herald_lost_total` (offsets retention deleted unread), `herald_answers_total{class=2xx|3xx|4xx|5xx|timeout|other}`
   and, for BATCH subscriptions, `herald_batches_total{outcome=delivered|discarded}`:
   the sums of the metrics table's rows written since this process started (Prometheus counters start at 0 when
   the job restarts, as usual);
@@ -12,6 +12,8 @@ Per subscription (label `subscription`, the id `group.topic.name`):
   `herald_flow_rate_per_second` (the adaptive controller's sending rate after its last round, attempts per
   second), `herald_parked_messages` (parked retries now) and `herald_lag_messages{partition}` (Kafka's end
   offset minus its position, asked of Kafka at scrape time, at most every `lag_cache_s` seconds);
+- the table writer: gauge `herald_table_writer_pending_rounds` (rounds waiting to be written) and counter
+  `herald_table_writer_wait_seconds_total` (seconds delivery waited because storage was behind);
 - histogram `herald_round_duration_seconds{topic, kind}`: how long each round took, from the micro-batch's
   start (or the catch-up or retry round's) to its rows handed to the writer; kind is stream, catchup or retry.
 """
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,8 @@ ANSWER_CLASSES = {"2xx": "codes_2xx", "3xx": "codes_3xx", "4xx": "codes_4xx", "5
                   "timeout": "timeouts", "other": "other_errors"}
 _COUNTED = {"read": "Messages of the subscription's range read", "delivered": "Messages delivered",
             "discarded": "Messages discarded (undelivered rows)", "filtered": "Messages its filters passed over",
-            "parked": "Messages parked for retry", "attempts": "Delivery attempts"}
+            "parked": "Messages parked for retry", "attempts": "Delivery attempts",
+            "lost": "Offsets of its range Kafka deleted (retention) before they were read"}
 _ROUND_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 
 Positions = Callable[[], dict[str, tuple[str, dict[int, int]]]]
@@ -46,7 +49,8 @@ class PrometheusExporter:
     time. `port` 0 picks a free port (see `port` after `start`)."""
 
     def __init__(self, port: int, positions: Positions, end_offsets: EndOffsets,
-                 parked: Callable[[str], int], host: str = "0.0.0.0", lag_cache_s: float = 5.0) -> None:
+                 parked: Callable[[str], int], host: str = "0.0.0.0", lag_cache_s: float = 5.0,
+                 writer=None) -> None:
         self.registry = CollectorRegistry()
         self._requested = (host, port)
         self.port: int | None = None
@@ -63,7 +67,7 @@ class PrometheusExporter:
                                 ["subscription"], registry=self.registry)
         self._rounds = Histogram("herald_round_duration_seconds", "Duration of a delivery round", ["topic", "kind"],
                                  buckets=_ROUND_BUCKETS_S, registry=self.registry)
-        self.registry.register(_LiveCollector(positions, end_offsets, parked, lag_cache_s))
+        self.registry.register(_LiveCollector(positions, end_offsets, parked, lag_cache_s, writer))
 
     def observe(self, result, duration_s: float) -> None:
         """A round's outcome (`herald.engine.rounds.RoundResult`) and its duration in seconds."""
@@ -99,8 +103,9 @@ class _LiveCollector:
     the lag out of that scrape (logged once a minute), never the scrape itself."""
 
     def __init__(self, positions: Positions, end_offsets: EndOffsets, parked: Callable[[str], int],
-                 cache_s: float) -> None:
+                 cache_s: float, writer=None) -> None:
         self._positions, self._end_offsets, self._parked, self._cache_s = positions, end_offsets, parked, cache_s
+        self._writer = writer  # herald.storage.TableWriter, or None
         self._lock = threading.Lock()
         self._ends: dict[str, dict[int, int]] = {}
         self._asked_at = float("-inf")
@@ -122,6 +127,11 @@ class _LiveCollector:
         for sid in sorted(positions):
             parked.add_metric([sid], self._parked(sid))
         yield parked
+        if self._writer is not None:
+            yield GaugeMetricFamily("herald_table_writer_pending_rounds", "Rounds waiting to be written to the "
+                                    "tables", value=self._writer.pending)
+            yield CounterMetricFamily("herald_table_writer_wait_seconds", "Seconds delivery waited because the "
+                                      "tables were behind (storage slow or down)", value=self._writer.waited_s)
 
     def _end_offsets_cached(self, topics: list[str]) -> dict[str, dict[int, int]]:
         with self._lock:

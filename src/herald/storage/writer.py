@@ -5,6 +5,12 @@ round's positions never land before an earlier one's), and each round's tables a
 given, positions last, so a crash between two commits leaves positions behind, never ahead, of what the
 undelivered and retries tables hold (at least once). A failing write is retried with a growing pause until
 it succeeds or the writer is closed.
+
+The queue is bounded (`max_pending` rounds): while storage is down or slow, `submit` waits, and so does the
+round that submits (delivery pauses, with a log line, rather than piling rounds up in the driver's memory).
+When the writer gives a slice up (closed while storage still fails), it writes nothing after it: a later
+round's positions would otherwise pass the messages the abandoned slice parked or discarded. Whatever was not
+written is delivered again by the next run (at least once).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from herald.storage.store import Slice, TableStore
 log = logging.getLogger(__name__)
 
 _MAX_PAUSE_S = 30.0
+MAX_PENDING_ROUNDS = 16
+"""Rounds handed to the writer and not yet written before `submit` makes the next one wait."""
 
 
 @dataclass(frozen=True)
@@ -31,23 +39,50 @@ class SliceWrite:
 
 
 class TableWriter:
-    def __init__(self, store: TableStore) -> None:
+    """pending: rounds submitted and not written yet; waited_s: seconds submitters waited for room (both for
+    metrics); abandoned: rounds given up (their messages are delivered again by the next run)."""
+
+    def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS) -> None:
         self.store = store
+        self.max_pending = max(1, max_pending)
         self._queue: queue.Queue[SliceWrite | None] = queue.Queue()
         self._idle = threading.Condition()
         self._unwritten = 0
         self._closing = threading.Event()
+        self._given_up = False  # a slice was abandoned: nothing after it may be written
+        self.abandoned = 0
+        self.waited_s = 0.0
         self._thread = threading.Thread(target=self._run, name="herald-table-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]]) -> None:
-        """Queue a round's rows, table by table in the order given (an empty table clears the slice)."""
+    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]]) -> bool:
+        """Queue a round's rows, table by table in the order given (an empty table clears the slice). Waits
+        while `max_pending` rounds are queued. False when the round was given up instead (the writer is closed
+        or abandoned an earlier round): none of its rows is written."""
+        started = time.monotonic()
+        warned = False
         with self._idle:
+            while self._unwritten >= self.max_pending and not self._closing.is_set() and not self._given_up:
+                if not warned:
+                    log.warning("storage is behind: %d round(s) wait to be written; delivery waits until the table "
+                                "writer catches up", self._unwritten)
+                    warned = True
+                self._idle.wait(1.0)
+            waited = time.monotonic() - started
+            self.waited_s += waited
+            if self._given_up or self._closing.is_set():
+                self.abandoned += 1
+                log.error("%s: not written (the table writer is %s); its messages are delivered again by the next "
+                          "run", part, "closed" if self._closing.is_set() else "stopped at an earlier round")
+                return False
             self._unwritten += 1
+        if warned:
+            log.info("storage caught up: delivery goes on after %.1f s", waited)
         self._queue.put(SliceWrite(part, tuple(tables)))
+        return True
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until everything submitted is written; False when `timeout_s` seconds passed first."""
+        """Wait until everything submitted is written or given up; False when `timeout_s` seconds passed first."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._idle:
             while self._unwritten:
@@ -62,27 +97,35 @@ class TableWriter:
         return self._unwritten
 
     def close(self, timeout_s: float = 60.0) -> bool:
-        """Write what is queued (up to `timeout_s` seconds), then stop; False when some was left unwritten."""
+        """Write what is queued (up to `timeout_s` seconds), then stop, waiting for a write in progress to end;
+        False when some round was left unwritten."""
         flushed = self.flush(timeout_s)
-        self._closing.set()
+        with self._idle:
+            self._closing.set()
+            self._idle.notify_all()
         self._queue.put(None)
-        self._thread.join(timeout=5)
-        if not flushed:
+        self._thread.join()  # a write in progress ends (a failing one gives up now): never cut a commit midway
+        if not flushed or self.abandoned:
             log.error("%d round(s) were not written to the tables; their messages will be delivered again",
-                      self._unwritten)
-        return flushed
+                      self.abandoned)
+        return flushed and not self.abandoned
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            self._write(item)
+            if self._given_up:
+                self.abandoned += 1
+            elif not self._write(item):
+                self._given_up = True
+                self.abandoned += 1
             with self._idle:
                 self._unwritten -= 1
                 self._idle.notify_all()
 
-    def _write(self, item: SliceWrite) -> None:
+    def _write(self, item: SliceWrite) -> bool:
+        """Write one round's tables in order; False when the writer was closed while a write still failed."""
         for table, rows in item.tables:
             pause_s = 0.5
             while True:
@@ -91,8 +134,9 @@ class TableWriter:
                     break
                 except Exception as error:  # noqa: BLE001 - logged, retried: losing it would lose positions
                     if self._closing.is_set():
-                        log.error("%s: giving up writing %s: %s", table, item.part, error)
-                        return
+                        log.error("%s: giving up writing %s, and every round after it: %s", table, item.part, error)
+                        return False
                     log.error("%s: writing %s failed (retrying in %.1f s): %s", table, item.part, pause_s, error)
-                    time.sleep(pause_s)
+                    self._closing.wait(pause_s)
                     pause_s = min(pause_s * 2, _MAX_PAUSE_S)
+        return True

@@ -1,0 +1,99 @@
+"""The table writer's queue: bounded (delivery waits while storage is down), in order, and never a position
+written past a round it gave up. The store here fails on demand, as storage that is down would; the Delta
+back-ends themselves are tested in tests/integration/test_storage.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+
+from herald.engine.exporter import PrometheusExporter
+from herald.storage.store import Slice, TableStore
+from herald.storage.writer import TableWriter
+from tests.unit.test_exporter import samples
+
+
+class FlakyStore(TableStore):
+    """Records each (table, slice) written; raises while `down` is set."""
+
+    def __init__(self) -> None:
+        super().__init__("/nowhere")
+        self.down = threading.Event()
+        self.written: list[tuple[str, Slice]] = []
+        self.tries = 0
+
+    def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
+        self.tries += 1
+        if self.down.is_set():
+            raise OSError("storage unreachable")
+        self.written.append((table, part))
+
+    def maintain(self, table, retention_hours):  # pragma: no cover - not used
+        raise NotImplementedError
+
+
+ROWS = pa.table({"x": [1]})
+
+
+def _round(n: int) -> tuple[Slice, list]:
+    return Slice("stream:q", n), [("retries", ROWS), ("offsets", ROWS)]
+
+
+def test_rounds_are_written_in_order_positions_last():
+    store = FlakyStore()
+    writer = TableWriter(store)
+    for n in range(5):
+        assert writer.submit(*_round(n))
+    assert writer.close()
+    assert store.written == [(table, Slice("stream:q", n)) for n in range(5) for table in ("retries", "offsets")]
+
+
+def test_delivery_waits_while_storage_is_down_and_goes_on_when_it_is_back():
+    store = FlakyStore()
+    store.down.set()
+    writer = TableWriter(store, max_pending=2)
+    assert writer.submit(*_round(0)) and writer.submit(*_round(1))
+    third = threading.Thread(target=writer.submit, args=_round(2))
+    third.start()
+    time.sleep(0.5)
+    assert third.is_alive(), "the third round waits: two are queued and storage is down"
+    assert writer.pending == 2
+    store.down.clear()
+    third.join(timeout=30)
+    assert not third.is_alive()
+    assert writer.close()
+    assert [part.batch_id for table, part in store.written if table == "offsets"] == [0, 1, 2]
+    assert writer.waited_s >= 0.4
+
+
+def test_a_round_given_up_at_close_stops_every_later_round_so_no_position_passes_it():
+    store = FlakyStore()
+    store.down.set()
+    writer = TableWriter(store, max_pending=8)
+    for n in range(3):
+        assert writer.submit(*_round(n))
+    assert writer.close(timeout_s=0.3) is False
+    store.down.clear()
+    assert store.written == [], "round 0 failed; rounds 1 and 2 (with their positions) are not written after it"
+    assert writer.abandoned == 3 and writer.pending == 0
+    assert writer.submit(*_round(3)) is False, "a closed writer takes nothing"
+
+
+def test_the_writer_queue_is_in_the_prometheus_scrape():
+    store = FlakyStore()
+    store.down.set()
+    writer = TableWriter(store, max_pending=4)
+    writer.submit(*_round(0))
+    exporter = PrometheusExporter(0, lambda: {}, lambda topics: {}, parked=lambda sid: 0, host="127.0.0.1",
+                                  writer=writer)
+    exporter.start()
+    try:
+        found = samples(exporter)
+    finally:
+        exporter.stop()
+        store.down.clear()
+        writer.close()
+    assert found[("herald_table_writer_pending_rounds", ())] == 1
+    assert ("herald_table_writer_wait_seconds_total", ()) in found
