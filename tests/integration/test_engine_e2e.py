@@ -177,7 +177,10 @@ def test_client_errors_retried_timeouts_and_backoff_gaps_through_spark(broker, s
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {
             "strict": {"endpoint": sub.url + "/strict", "subscriptionPolicy": policy},
             "plain": {"endpoint": sub.url + "/plain", "subscriptionPolicy": {"requestTimeout": 300}},
-        }, settings={"streaming": {"parkAfterMs": 5000}})  # the 0.8 s backoff is waited for in the task, not parked
+        }, settings={"streaming": {"parkAfterMs": 5000},  # the 0.8 s backoff is waited for in the task, not parked
+                     # flow control's windows stay closed: five failing first attempts could slow the lane to
+                     # heartbeat probes (seconds apart) and hide the backoff gaps (seen once: a 4.1 s gap)
+                     "rateControl": {"adjustIntervalMs": 60000}})
         assert run_once(conf, spark) == 0
 
     def attempts(path: str) -> dict[int, list]:

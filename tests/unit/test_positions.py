@@ -109,3 +109,34 @@ def test_once_stops_for_an_ordered_subscription_only_when_every_partition_behind
     serial = Subscription(topicName="g.t", name="s", endpoint="http://127.0.0.1:9/")
     unordered = SubscriptionState(serial, positions={0: 100}, carried={(0, 100): retried_long})
     assert not _held(unordered, {0: 200}, patience_s=10), "an unordered subscription parks instead"
+
+
+def test_a_partition_added_to_the_topic_is_read_from_its_start_and_never_skipped(tmp_path):
+    """The query's checkpoint logs batch 1 with a partition batch 0 did not have: its range starts at 0, and a
+    subscription stopped part-way through it (the deadline) keeps its place there instead of jumping to the end."""
+    import json
+
+    from herald.engine.checkpoint import batch_ranges
+
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    for batch_id, ends in {0: {"0": 5}, 1: {"0": 8, "1": 30}}.items():
+        (offsets / str(batch_id)).write_text("v1\n{}\n" + json.dumps({"t": ends}) + "\n")
+    ranges = batch_ranges(None, str(tmp_path), 1, "t", None)
+    assert ranges == {0: (5, 8), 1: (0, 30)}
+    reports = [task({0: 8, 1: 12}, exhausted=False, l0=LaneReport(stops={1: 12}))]
+    assert advance({0: 5, 1: 0}, ranges, reports, 0) == {0: 8, 1: 12}
+
+
+def test_a_range_read_from_above_its_start_is_lost_only_below_kafkas_low_watermark():
+    from herald.engine.positions import lost_ranges, unread_starts
+
+    ranges = {0: (5, 15), 1: (0, 4), 2: (3, 9), 3: (2, 2)}
+    reports = [TaskReport("t1", progress={0: 15}, firsts={0: 10}), TaskReport("t2", progress={2: 9}, firsts={2: 3})]
+    unread = unread_starts(ranges, reports)
+    assert unread == {0: (5, 10), 1: (0, 4)}, "partition 1 had rows to read and no task read any"
+    # below the low watermark: deleted; above it: offsets Kafka holds no record at (markers, compaction)
+    assert lost_ranges(unread, {0: 8, 1: 4, 2: 0}) == {0: (5, 8), 1: (0, 4)}
+    assert lost_ranges(unread, {0: 5, 1: 0}) == {}
+    cut_short = [TaskReport("t1", progress={0: 12}, exhausted=False, firsts={0: 5})]
+    assert unread_starts(ranges, cut_short) == {}, "a partition no task reached while one was cut is not known"

@@ -26,6 +26,7 @@ class EndedBy:
     MAX_ATTEMPTS = "maxAttempts"
     DECODE = "decode"  # the record could not be decoded; never sent
     TEMPLATE = "template"  # an endpoint placeholder has no value in the message; never sent
+    RETENTION = "retention"  # Kafka deleted the records before they were read (a LOST range, not a message)
 
 
 @dataclass(frozen=True)

@@ -272,7 +272,8 @@ class TaskSender:
     def _report(self, exhausted: bool) -> TaskReport:
         now, now_ms = self.clock(), self.wall_clock_ms()
         offsets = {p: np.concatenate(arrays) for p, arrays in self._offsets.items()}
-        report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted)
+        report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted,
+                            firsts={p: int(values.min()) for p, values in offsets.items() if len(values)})
         for index, lane in self.lanes.items():
             lane.forget_rereads()
             lane_report = lane.report

@@ -115,7 +115,7 @@ class CatchUp:
         results = []
         started = time.monotonic()
         try:
-            ranges = self._within_retention(ranges)
+            ranges, deleted = self._within_retention(ranges)
             with context.catchup_slots:
                 settings = context.config.settings
                 raw = read_kafka_range(context.spark, context.connector, settings.kafka.bootstrapServers,
@@ -126,7 +126,7 @@ class CatchUp:
                 plan = pipeline.task_plan(participants, ranges, max_tasks=max(1, context.parallelism // 2),
                                           shared=False)
                 reports = run_round(rows, plan, sum(1 for s, e in ranges.values() if s < e))
-                results = outcomes(participants, ranges, reports)
+                results = outcomes(participants, ranges, reports, pipeline.lost_in(ranges, reports, deleted))
         finally:
             with pipeline.lock:
                 pipeline.apply(participants, results)
@@ -142,18 +142,19 @@ class CatchUp:
                  time.monotonic() - started)
         return True
 
-    def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
-        """Ranges that start below what Kafka still holds begin at its earliest offset (the rest is gone)."""
+    def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]],
+                                                                               dict[int, tuple[int, int]]]:
+        """(the ranges to read, the offsets of them already deleted): a range that starts below what Kafka still
+        holds is read from its earliest offset, and what is below is lost (recorded by the round)."""
         pipeline = self.pipeline
         marks = partition_watermarks(pipeline.context.client_config, [pipeline.kafka_topic])[pipeline.kafka_topic]
-        clamped = {}
+        clamped, deleted = {}, {}
         for partition, (start, end) in ranges.items():
             low = marks.get(partition, (start, end))[0]
             if start < low:
-                log.warning("%s/%d: offsets %d..%d were deleted before they were delivered (retention)",
-                            pipeline.kafka_topic, partition, start, min(low, end) - 1)
+                deleted[partition] = (start, min(low, end))
             clamped[partition] = (min(max(start, low), end), end)
-        return clamped
+        return clamped, deleted
 
 
 def _within(positions: dict[int, int], window: dict[int, tuple[int, int]]) -> bool:

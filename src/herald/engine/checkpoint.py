@@ -7,7 +7,9 @@ source's JSON: {"topic": {"partition": next offset}}); the batch starts where th
 
 The first batch of a new checkpoint starts where the query was told to start (`startingOffsets`). When that is
 unknown (a batch 0 replayed after a restart), the start is taken as the end: an overestimate, which only
-sends subscriptions to catch up on the batch, where an underestimate could skip messages.
+sends subscriptions to catch up on the batch, where an underestimate could skip messages. A partition that
+is not in the previous batch's offsets was added to the topic since: both Kafka sources read a new partition
+from its start, so its range starts at 0 (what retention deleted before it was read is then a lost range).
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ def batch_ranges(spark, checkpoint: str, batch_id: int, kafka_topic: str,
     end = logged_offsets(spark, checkpoint, batch_id, kafka_topic)
     if end is None:
         raise RuntimeError(f"micro-batch {batch_id} of {kafka_topic} is not in {checkpoint}/offsets")
-    start = logged_offsets(spark, checkpoint, batch_id - 1, kafka_topic) if batch_id > 0 else None
-    if start is None:
-        start = dict(first_start) if first_start is not None and batch_id == 0 else dict(end)
+    previous = logged_offsets(spark, checkpoint, batch_id - 1, kafka_topic) if batch_id > 0 else None
+    if previous is not None:
+        start = {p: previous.get(p, 0) for p in end}  # a partition added since: from its start
+    elif first_start is not None and batch_id == 0:
+        start = dict(first_start)
+    else:
+        start = dict(end)
     return {p: (min(start.get(p, e), e), e) for p, e in end.items()}

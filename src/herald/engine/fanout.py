@@ -36,8 +36,10 @@ def run_round(rows, plan: TaskPlan, input_partitions: int) -> list[TaskReport]:
 
 
 def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int, int]],
-             reports: Sequence[TaskReport]) -> list[SubscriptionOutcome]:
-    """What the round did for each participant; `ranges` is what it covered, per partition."""
+             reports: Sequence[TaskReport], lost: Mapping[int, tuple[int, int]] | None = None,
+             ) -> list[SubscriptionOutcome]:
+    """What the round did for each participant; `ranges` is what it covered, per partition, and `lost` the
+    offsets of it Kafka deleted before they were read (recorded for each participant whose range held them)."""
     results = []
     for participant in participants:
         outcome = SubscriptionOutcome(participant.state.subscription, counters=LaneCounters())
@@ -56,5 +58,10 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
         if participant.plan.positional:
             moved = advance(participant.state.positions, ranges, reports, participant.index)
             outcome.positions = {p: moved[p] for p in ranges if p in moved}
+            for partition, (first, end) in sorted((lost or {}).items()):
+                first = max(first, participant.state.positions.get(partition, first))
+                if first < end:
+                    outcome.lost.append((partition, first, end))
+                    outcome.counters.lost += end - first
         results.append(outcome)
     return results

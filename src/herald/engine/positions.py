@@ -76,3 +76,33 @@ def earliest(*positions: Mapping[int, int]) -> Positions:
         for partition, offset in one.items():
             lowest[partition] = min(offset, lowest.get(partition, offset))
     return lowest
+
+
+def unread_starts(ranges: Mapping[int, tuple[int, int]], tasks: Sequence[TaskReport]) -> Ranges:
+    """Per partition, the start of the round's range that no task read: [start, first offset read), or the
+    whole range when no task read the partition although every task read all its input. Kafka either deleted
+    these records before they were read (retention), or holds none there (transaction markers, compaction):
+    `lost_ranges` tells which with Kafka's low watermarks."""
+    all_read = all(task.exhausted for task in tasks)
+    unread: Ranges = {}
+    for partition, (start, end) in ranges.items():
+        if start >= end:
+            continue
+        firsts = [task.firsts[partition] for task in tasks if partition in task.firsts]
+        if firsts:
+            if min(firsts) > start:
+                unread[partition] = (start, min(min(firsts), end))
+        elif all_read:
+            unread[partition] = (start, end)
+    return unread
+
+
+def lost_ranges(unread: Mapping[int, tuple[int, int]], low_marks: Mapping[int, int]) -> Ranges:
+    """The part of each unread range below its partition's low watermark: records retention deleted before
+    they were read."""
+    lost: Ranges = {}
+    for partition, (start, end) in unread.items():
+        low = low_marks.get(partition)
+        if low is not None and low > start:
+            lost[partition] = (start, min(end, low))
+    return lost

@@ -16,6 +16,7 @@ import pyarrow as pa
 from herald.config import Subscription
 from herald.delivery.flow import FlowState
 from herald.delivery.message import Record, RetryState
+from herald.delivery.policy import EndedBy
 from herald.delivery.report import DISCARDED, Carried, Discarded, LaneCounters, Parked, Traced
 from herald.storage.tables import (
     METRICS,
@@ -35,6 +36,7 @@ from herald.storage.tables import (
 )
 
 STREAM, CATCHUP, RETRY = "stream", "catchup", "retry"
+LOST = "LOST"  # the undelivered status of a range of offsets Kafka deleted before it was read
 
 
 @dataclass
@@ -44,6 +46,8 @@ class SubscriptionOutcome:
     positions: partition -> its position after the round (only the partitions the round moved or kept).
     resolved: for a retry round, parked messages that reached an end: (partition, offset) -> DELIVERED or
         DISCARDED; those still unfinished are in `parked` again.
+    lost: (partition, first, end) of each range of offsets [first, end) its round covered that Kafka had
+        deleted (retention) before it was read: neither delivered nor discarded, and recorded as LOST.
     """
 
     subscription: Subscription
@@ -55,6 +59,7 @@ class SubscriptionOutcome:
     carried: list[Carried] = field(default_factory=list)
     traced: list[Traced] = field(default_factory=list)
     resolved: dict[tuple[int, int], tuple[Record, str]] = field(default_factory=dict)
+    lost: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -93,7 +98,19 @@ def _undelivered(result: RoundResult, now_ms: int) -> pa.Table:
                 "schema_id": item.schema_id, "schema_version": item.schema_version, "ended_by": item.ended_by,
                 "writer": result.writer, "endpoint": item.endpoint, "delivery_batch_id": item.batch_id,
             })
+        for partition, first, end in outcome.lost:
+            rows.append({
+                "subscription": subscription.id, "topic_name": subscription.topicName, "partition": partition,
+                "offset": first, "status": LOST, "reason": lost_reason(result.kafka_topic, partition, first, end),
+                "attempts": 0, "timestamp": at_ms(now_ms), "cluster": result.cluster, "batch_id": result.batch_id,
+                "ended_by": EndedBy.RETENTION, "writer": result.writer,
+            })
     return pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)
+
+
+def lost_reason(kafka_topic: str, partition: int, first: int, end: int) -> str:
+    return (f"Deleted by Kafka (retention) before it was read: offsets {first}..{end - 1} of {kafka_topic}/"
+            f"{partition} ({end - first} offsets)")
 
 
 def _tracking(result: RoundResult, now_ms: int) -> pa.Table:
@@ -180,6 +197,7 @@ def _metrics(result: RoundResult) -> pa.Table:
             "started_at": at_ms(counters.started_ms or None), "finished_at": at_ms(counters.finished_ms or None),
             "parked": counters.parked, "kind": result.kind, "writer": result.writer,
             "batches_delivered": counters.batches_delivered, "batches_discarded": counters.batches_discarded,
+            "lost": counters.lost,
         })
     return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
 

@@ -1,12 +1,14 @@
 """`herald run` and `jobs/deliver.py`: one streaming query per Kafka topic, shared by its ACTIVE subscriptions.
 
 Beside the queries, on the driver: a catch-up thread per topic for subscriptions behind their query, the retry
-driver for parked messages, the table writer, and (without `--once`) the configuration watcher.
+driver for parked messages, the table writer, and (without `--once`) the configuration watcher. A topic whose
+query fails, or cannot start, is started again alone with backoff while the others go on (`supervision`).
 
 With `once=True` each query processes what is available at the start (Trigger.AvailableNow), and the run
 returns once every ACTIVE subscription has reached the end offsets that were current when it started (every
 message delivered, discarded or parked) or is held at a message an ordered subscription is still retrying.
-It then says how many messages are parked and when the next is due; the next run retries them.
+It then says how many messages are parked and when the next is due; the next run retries them. A topic that
+kept failing is given up: the run finishes the others and returns 1, naming it.
 Otherwise everything runs until interrupted: the first Ctrl-C (or SIGTERM) lets the rounds in progress finish
 (up to `grace_s` seconds) and stops; a second one stops at once. Either way nothing is lost: what was not
 recorded is delivered again on the next start.
@@ -21,22 +23,20 @@ import threading
 import time
 
 from herald.config import HeraldConfig, Subscription
+from herald.config.model import Topic
 from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, now_ms
 from herald.engine.positions import behind
 from herald.engine.retries import RetryDriver
-from herald.engine.rounds import position_rows
 from herald.engine.session import get_or_create_session
-from herald.engine.state import SubscriptionState, stored_held, stored_positions
+from herald.engine.state import StateBook, SubscriptionState
+from herald.engine.supervision import QuerySupervisor, short_error
 from herald.engine.topic import TopicPipeline
-from herald.source.kafka_offsets import partition_watermarks
+from herald.source.kafka_offsets import OffsetClient, partition_watermarks
 from herald.source.stream import choose_connector
-from herald.storage import Slice, TableWriter, open_store
-from herald.storage.tables import OFFSETS
+from herald.storage import TableWriter, open_store
 
 log = logging.getLogger(__name__)
-
-START_BATCH_ID = -1  # offsets rows holding the position a subscription started from
 
 
 class Runner:
@@ -47,11 +47,13 @@ class Runner:
         self.spark = spark
         self.context: EngineContext | None = None
         self.pipelines: dict[str, TopicPipeline] = {}
+        self.book: StateBook | None = None
+        self.supervisor = QuerySupervisor(once=False)
+        self._unstarted: dict[str, list[Subscription]] = {}  # topics that could not start yet
+        self._first_seen: dict[str, int] = {}  # subscription id -> when this run first saw it ACTIVE (epoch ms)
+        self._delayed: set[str] = set()  # subscriptions whose start failed at least once
         self._stop = threading.Event()
-        self._stored: dict[tuple[str, str], dict[int, int]] = {}
-        self._held: dict = {}
-        self._resting: dict[str, SubscriptionState] = {}  # suspended or removed while running
-        self._lock = threading.RLock()  # the set of pipelines (the watcher changes it)
+        self._lock = threading.RLock()  # the set of pipelines (the watcher and the supervisor change it)
         self.watcher = None
         self.maintenance = None
         self.moves = None
@@ -69,23 +71,21 @@ class Runner:
         store = open_store(settings.storage.engine, self.config.storage_path, self.spark, settings.storage.options)
         context = EngineContext(self.spark, self.config, connector, store, TableWriter(store), once=once)
         context.catchup_slots = threading.Semaphore(max(1, context.parallelism // 2))
-        context.retries = RetryDriver(context)
+        context.retries = RetryDriver(context, due_until_ms=self._started_ms if once else None)
         context.retries.live_state = self.live_state
         self.context = context
+        self.supervisor = QuerySupervisor(once)
         if self._metrics_port is not None:
             self._start_exporter(context)
         self._ensure_dead_letters()
-        self._stored = stored_positions(store)
-        self._held = stored_held(store)
+        self.book = StateBook(store, context.writer)
         active = self.config.active_subscriptions(self.only)
         context.retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
         context.retries.set_active(active)
         context.retries.start()
-        by_topic: dict[str, list[Subscription]] = {}
-        for subscription in active:
-            by_topic.setdefault(subscription.topicName, []).append(subscription)
-        for topic_name, subscriptions in by_topic.items():
-            self.start_topic(topic_name, subscriptions)
+        for topic_name, subscriptions in _by_topic(active).items():
+            with self._lock:
+                self.start_topic(topic_name, subscriptions)
         if not once and settings.storage.maintenanceIntervalHours:
             from herald.storage.maintenance import PeriodicMaintenance
 
@@ -111,7 +111,8 @@ class Runner:
             return {topic: {p: high for p, (_, high) in by_partition.items()} for topic, by_partition in marks.items()}
 
         self.exporter = PrometheusExporter(self._metrics_port, self.positions_now, end_offsets,
-                                           context.retries.parked_count, self.config.settings.metrics.prometheusHost)
+                                           context.retries.parked_count, self.config.settings.metrics.prometheusHost,
+                                           writer=context.writer)
         context.round_listeners.append(self.exporter.observe)
         self.exporter.start()
 
@@ -138,16 +139,10 @@ class Runner:
         """An operator moved a subscription's position (`herald retransmit`): move it here too, running,
         suspended or not yet seen."""
         with self._lock:
-            pipelines = list(self.pipelines.values())
-            for pipeline in pipelines:
+            for pipeline in list(self.pipelines.values()):
                 if pipeline.move(move.subscription, move):
                     return
-            resting = self._resting.get(move.subscription)
-            if resting is not None:
-                resting.positions.update(move.to_offsets)
-                resting.carried = {}
-            self._stored[(move.subscription, move.kafka_topic)] = {
-                **self._stored.get((move.subscription, move.kafka_topic), {}), **move.to_offsets}
+            self.book.moved(move.subscription, move.kafka_topic, move.to_offsets)
         log.info("%s (not delivered now) moved to %s", move.subscription, move.to_offsets)
 
     def live_state(self, subscription_id: str):
@@ -161,72 +156,138 @@ class Runner:
                 return pipeline.lock, state
         return None
 
-    def start_topic(self, topic_name: str, subscriptions: list[Subscription]) -> TopicPipeline:
+    def start_topic(self, topic_name: str, subscriptions: list[Subscription]) -> TopicPipeline | None:
+        """(lock held) Start delivering a topic. When it cannot start now (its Kafka topic does not exist yet,
+        Kafka cannot be reached), it is tried again with backoff while the other topics go on."""
         topic = self.config.topics[topic_name]
-        states = [self.new_state(subscription) for subscription in subscriptions]
+        now = now_ms()
+        for subscription in subscriptions:
+            self._first_seen.setdefault(subscription.id, now)
+        try:
+            states = self._states(topic, subscriptions)
+        except Exception as error:  # noqa: BLE001 - this topic waits and is tried again; the others go on
+            self._unstarted[topic_name] = subscriptions
+            self._delayed.update(subscription.id for subscription in subscriptions)
+            self._topic_failed(topic_name, error)
+            return None
+        self._unstarted.pop(topic_name, None)
         pipeline = TopicPipeline(self.context, topic, states)
         pipeline.catchup = CatchUp(pipeline)
-        pipeline.start()
-        pipeline.catchup.start()
         self.pipelines[topic_name] = pipeline
+        pipeline.catchup.start()
+        try:
+            pipeline.start()
+        except Exception as error:  # noqa: BLE001 - restarted by the supervisor
+            pipeline.start_error = short_error(error)
+            self._topic_failed(topic_name, error)
         return pipeline
 
-    def new_state(self, subscription: Subscription) -> SubscriptionState:
-        """A subscription's state: where it is, from the offsets table, or where it starts (pinned there, so a
-        `latest` subscription gets everything published after it was first seen, even across restarts)."""
-        kafka_topic = self.config.topic_of(subscription).kafka_topic
-        resting = self._resting.pop(subscription.id, None)
-        if resting is not None and resting.subscription.topicName == subscription.topicName:
-            resting.subscription = subscription
-            return resting
-        positions = dict(self._stored.get((subscription.id, kafka_topic), {}))
+    def _states(self, topic: Topic, subscriptions: list[Subscription]) -> list[SubscriptionState]:
+        """The states `subscriptions` of `topic` start from (see `StateBook`); raises when Kafka cannot say
+        which partitions the topic has."""
+        kafka_topic = topic.kafka_topic
         marks = partition_watermarks(self.context.client_config, [kafka_topic])[kafka_topic]
-        if not positions:
-            which = 0 if subscription.startingOffsets == "earliest" else 1
-            positions = {partition: pair[which] for partition, pair in marks.items()}
-            self.context.writer.submit(Slice(f"start:{subscription.id}", START_BATCH_ID), [(OFFSETS, position_rows(
-                subscription.id, kafka_topic, positions, f"start:{subscription.id}", START_BATCH_ID,
-                dt.datetime.now(dt.timezone.utc)))])
-            log.info("%s starts at the %s offsets %s", subscription.id, subscription.startingOffsets, positions)
-        for partition, (low, _) in marks.items():
-            positions.setdefault(partition, low)  # a partition added since: from its start
-        state = SubscriptionState(subscription, positions=positions, carried=dict(self._held.get(subscription.id, {})))
-        self._stored[(subscription.id, kafka_topic)] = positions
+        return [self._state(subscription, kafka_topic, marks) for subscription in subscriptions]
+
+    def _state(self, subscription: Subscription, kafka_topic: str, marks) -> SubscriptionState:
+        delayed = subscription.id in self._delayed
+
+        def offsets_for_time(since_ms: int) -> dict[int, int]:
+            with OffsetClient(self.context.client_config) as client:
+                return client.offsets_for_time(kafka_topic, since_ms)
+
+        state = self.book.state_for(subscription, kafka_topic, marks,
+                                    since_ms=self._first_seen.get(subscription.id) if delayed else None,
+                                    offsets_for_time=offsets_for_time)
+        self._delayed.discard(subscription.id)
         return state
+
+    # -- keeping every topic going ------------------------------------------------------------------------------
+    def _topic_failed(self, topic_name: str, error: BaseException | str) -> None:
+        text = error if isinstance(error, str) else short_error(error)
+        failure = self.supervisor.failed(topic_name, text)
+        if failure.given_up:
+            log.error("%s failed %d times: %s; this run gives it up and finishes the other topics", topic_name,
+                      failure.failures, text)
+        else:
+            log.error("%s is not running: %s; starting it again in %.0f s (failure %d); the other topics go on",
+                      topic_name, text, max(0.0, failure.retry_at - time.monotonic()), failure.failures)
+
+    def _supervise(self) -> None:
+        """Notice failed queries and start again those whose backoff has passed."""
+        with self._lock:
+            for topic_name, pipeline in list(self.pipelines.items()):
+                if self.supervisor.failing(topic_name) is None:
+                    error = pipeline.failure()
+                    if error is not None:
+                        self._topic_failed(topic_name, error)
+                    elif pipeline.healthy:
+                        self.supervisor.recovered(topic_name)
+                    continue
+                if self.supervisor.due(topic_name):
+                    self.supervisor.restarted(topic_name)
+                    try:
+                        pipeline.restart()
+                        log.info("%s: query started again from its checkpoint", topic_name)
+                    except Exception as error:  # noqa: BLE001 - backs off further
+                        self._topic_failed(topic_name, error)
+            for topic_name, subscriptions in list(self._unstarted.items()):
+                if self.supervisor.due(topic_name):
+                    self.supervisor.restarted(topic_name)
+                    if self.start_topic(topic_name, subscriptions) is not None:
+                        log.info("%s started", topic_name)
 
     # -- live configuration -----------------------------------------------------------------------------------
     def apply(self, config: HeraldConfig) -> None:
         """Apply a new configuration to the running job (from the watcher): topics and subscriptions added,
         removed, edited, suspended or activated. A removed or suspended subscription keeps its state here, so
-        it continues from its position when it is back."""
+        it continues from its position when it is back. What needs Kafka is asked first: when Kafka cannot be
+        asked, nothing changes and this raises (the watcher tries again); a topic that cannot start yet is
+        started again with backoff, and the rest of the change applies."""
         with self._lock:
             self._apply(config)
 
     def _apply(self, config: HeraldConfig) -> None:
+        wanted = _by_topic(config.active_subscriptions(self.only))
+        now = now_ms()
+        for subscriptions in wanted.values():
+            for subscription in subscriptions:
+                self._first_seen.setdefault(subscription.id, now)
+        joining = {config.topics[name].kafka_topic for name, subscriptions in wanted.items()
+                   if name in self.pipelines and config.topics.get(name) == self.pipelines[name].topic
+                   and any(subscription.id not in self.pipelines[name].states for subscription in subscriptions)}
+        try:
+            marks = partition_watermarks(self.context.client_config, sorted(joining)) if joining else {}
+        except Exception:
+            self._delayed.update(s.id for subs in wanted.values() for s in subs if not self._delivered(s.id))
+            raise
         for section in ("kafka", "storage", "spark"):
             if getattr(config.settings, section) != getattr(self.config.settings, section):
                 log.warning("herald.yaml: %s changed; that takes effect when the job restarts", section)
         self.config = config
         self.context.config = config
         self._ensure_dead_letters()
-        wanted: dict[str, list[Subscription]] = {}
-        for subscription in config.active_subscriptions(self.only):
-            wanted.setdefault(subscription.topicName, []).append(subscription)
         for topic_name in list(self.pipelines):
             pipeline = self.pipelines[topic_name]
             if topic_name not in wanted or config.topics.get(topic_name) != pipeline.topic:
                 self._stop_topic(topic_name)
+        for topic_name in list(self._unstarted):
+            if topic_name not in wanted:
+                del self._unstarted[topic_name]
+                self.supervisor.forget(topic_name)
         for topic_name, subscriptions in wanted.items():
             pipeline = self.pipelines.get(topic_name)
             if pipeline is None:
+                if topic_name in self._unstarted:
+                    self._unstarted[topic_name] = subscriptions  # started with these when it can
+                    continue
                 log.info("starting topic %s", topic_name)
                 self.start_topic(topic_name, subscriptions)
                 continue
             ids = {subscription.id for subscription in subscriptions}
             for subscription_id in list(pipeline.states):
                 if subscription_id not in ids:
-                    state = pipeline.remove(subscription_id)
-                    self._resting[subscription_id] = state
+                    self.book.rest(pipeline.remove(subscription_id))
                     log.info("%s: no longer delivered (suspended or removed)", subscription_id)
             for subscription in subscriptions:
                 if subscription.id in pipeline.states:
@@ -234,21 +295,26 @@ class Runner:
                         pipeline.update(subscription)
                         log.info("%s: configuration changed", subscription.id)
                 else:
-                    pipeline.add(self.new_state(subscription))
+                    pipeline.add(self._state(subscription, pipeline.kafka_topic, marks[pipeline.kafka_topic]))
                     log.info("%s: now delivered", subscription.id)
         self.context.retries.set_active(config.active_subscriptions(self.only))
+
+    def _delivered(self, subscription_id: str) -> bool:
+        return any(subscription_id in pipeline.states for pipeline in self.pipelines.values())
 
     def _stop_topic(self, topic_name: str) -> None:
         pipeline = self.pipelines.pop(topic_name)
         log.info("stopping topic %s", topic_name)
         pipeline.stop()
         pipeline.catchup.stop()
+        self.supervisor.forget(topic_name)
         for state in pipeline.states.values():
-            self._resting[state.id] = state
+            self.book.rest(state)
 
     # -- running ----------------------------------------------------------------------------------------------
     def run(self, once: bool = False, grace_s: float = 30.0) -> int:
-        """Run until done (`once`) or interrupted; 0 when every query ended cleanly, 1 when one failed."""
+        """Run until done (`once`) or interrupted; 0 when every topic ran, 1 when some topic could not (its
+        query kept failing, or could not start)."""
         skipped = [s.id for s in self.config.subscriptions if not s.active]
         if skipped:
             log.info("not running SUSPENDED subscriptions: %s", ", ".join(skipped))
@@ -262,7 +328,8 @@ class Runner:
         if threading.current_thread() is threading.main_thread():
             previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while not self._stop.is_set() and not self._failed():
+            while not self._stop.is_set():
+                self._supervise()
                 if once and self._done():
                     break
                 self._stop.wait(0.2)
@@ -281,24 +348,26 @@ class Runner:
     def _on_signal(self, signum, frame) -> None:
         if self._stop.is_set():
             log.warning("second interrupt: stopping now")
-            for pipeline in self.pipelines.values():
+            for pipeline in list(self.pipelines.values()):
                 pipeline.stop()
             return
         log.info("stopping: letting the rounds in progress finish (Ctrl-C again to stop now)")
         self._stop.set()
 
-    def _failed(self) -> bool:
-        with self._lock:
-            return any(p.query is not None and not p.query.isActive and p.query.exception() is not None
-                       for p in self.pipelines.values())
-
     def _done(self) -> bool:
         """--once: every query has read what was there at the start, every subscription has caught up (or is
         held at a message an ordered subscription keeps retrying), every message parked before the start and
-        due has been tried again, and the tables are written."""
+        due has been tried again, and the tables are written. Topics given up do not count."""
         deadline_s = self.config.settings.streaming.batch_deadline_s
-        for pipeline in list(self.pipelines.values()):
-            if pipeline.query.isActive:
+        given_up = self.supervisor.given_up()
+        with self._lock:
+            if any(name not in given_up for name in self._unstarted):
+                return False
+            pipelines = [(name, p) for name, p in self.pipelines.items() if name not in given_up]
+        for name, pipeline in pipelines:
+            if self.supervisor.failing(name) or pipeline.failure() is not None:
+                return False
+            if pipeline.query is None or pipeline.query.isActive:
                 return False
             with pipeline.lock:
                 for state in pipeline.states.values():
@@ -315,13 +384,15 @@ class Runner:
             self.maintenance.stop()
         if self.moves is not None:
             self.moves.stop()
-        for pipeline in self.pipelines.values():
+        with self._lock:
+            pipelines = list(self.pipelines.values())
+        for pipeline in pipelines:
             query = pipeline.query
             while (query is not None and query.isActive and query.status.get("isTriggerActive")
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
             pipeline.stop()
-        for pipeline in self.pipelines.values():
+        for pipeline in pipelines:
             pipeline.catchup.stop()
         if self.context is not None:
             self.context.retries.stop()
@@ -339,20 +410,31 @@ class Runner:
         if count:
             when = dt.datetime.fromtimestamp(next_due_ms / 1000, tz=dt.timezone.utc).isoformat(timespec="seconds")
             print(f"{count} message(s) parked for retry; the next is due at {when} (the next run retries them)")
-        for pipeline in self.pipelines.values():
+        given_up = self.supervisor.given_up()
+        for name, pipeline in self.pipelines.items():
+            if name in given_up:
+                continue
             for state in pipeline.states.values():
                 if pipeline.frontier and behind(state.positions, pipeline.frontier):
                     print(f"{state.id} is held at {state.positions} by a message it is still retrying; "
                           "the next run continues from there")
 
     def _report_failures(self) -> int:
-        failed = 0
-        for pipeline in self.pipelines.values():
-            error = pipeline.query.exception() if pipeline.query is not None else None
-            if error is not None:
-                failed += 1
-                log.error("%s failed: %s", pipeline.kafka_topic, _short(error))
-        return failed
+        """Log (and, for --once, print) the topics that were not running at the end; how many."""
+        failed = self.supervisor.not_running()
+        for topic_name, error in sorted(failed.items()):
+            log.error("%s could not be delivered: %s", topic_name, error)
+            if self.context is not None and self.context.once:
+                print(f"topic {topic_name} could not be finished: {error} (the next run continues from its "
+                      "positions)")
+        return len(failed)
+
+
+def _by_topic(subscriptions: list[Subscription]) -> dict[str, list[Subscription]]:
+    grouped: dict[str, list[Subscription]] = {}
+    for subscription in subscriptions:
+        grouped.setdefault(subscription.topicName, []).append(subscription)
+    return grouped
 
 
 def _held(state: SubscriptionState, frontier: dict[int, int], patience_s: float) -> bool:
@@ -371,14 +453,3 @@ def _held(state: SubscriptionState, frontier: dict[int, int], patience_s: float)
         if blocking is None or blocking.attempts == 0 or now - blocking.first_read_ms < patience_s * 1000:
             return False
     return True
-
-
-def _short(error) -> str:
-    """The root cause of a failed query: the last `SomethingError: ...` line of the (Java and Python) chain."""
-    import re
-
-    from herald.endpoint import mask_secrets
-
-    lines = [line.strip() for line in str(getattr(error, "desc", None) or error).splitlines() if line.strip()]
-    causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
-    return mask_secrets(causes[-1] if causes else (lines[0] if lines else repr(error)))

@@ -7,14 +7,17 @@ keeps them in `SubscriptionState`s, guarded by the lock of the subscription's to
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from herald.config import Subscription
 from herald.delivery.flow import FlowState
 from herald.delivery.message import RetryState
 from herald.storage import TableStore
-from herald.engine.rounds import state_of_row
+from herald.engine.rounds import position_rows, state_of_row
+from herald.storage import Slice, TableWriter
 from herald.storage.tables import HELD, OFFSETS, RETRIES
 
 log = logging.getLogger(__name__)
@@ -24,6 +27,7 @@ log = logging.getLogger(__name__)
 class SubscriptionState:
     """One ACTIVE subscription while Herald runs.
 
+    kafka_topic: the Kafka topic its positions (and carried states) belong to.
     positions: partition -> the first offset not yet delivered, discarded or parked.
     carried: (partition, offset) -> the retry state of a message at or past the position, for the round that
         reads it next to continue from (attempts and TTL go on).
@@ -33,6 +37,7 @@ class SubscriptionState:
     """
 
     subscription: Subscription
+    kafka_topic: str = ""  # the Kafka topic its positions are in
     positions: dict[int, int] = field(default_factory=dict)
     flow: FlowState = field(default_factory=FlowState)
     carried: dict[tuple[int, int], RetryState] = field(default_factory=dict)
@@ -68,3 +73,82 @@ def stored_held(store: TableStore) -> dict[str, dict[tuple[int, int], RetryState
             continue
         held.setdefault(row["subscription"], {})[(row["partition"], row["offset"])] = state_of_row(row)
     return held
+
+
+START_BATCH_ID = -1  # offsets rows holding the position a subscription started from
+
+
+class StateBook:
+    """Where each subscription of a running job is when its topic starts: its resting state (suspended, removed
+    or its topic stopped while running), else its stored position (the offsets table, as it was at the start or
+    last rested), else where it starts (`startingOffsets`, written to the offsets table at once, so that a
+    `latest` subscription gets everything published after it was first started, even across restarts).
+
+    Positions belong to a Kafka topic: a subscription whose topic's `kafkaTopic` changed starts in the new one
+    from its own stored position there, or from its `startingOffsets`; it never carries the old topic's."""
+
+    def __init__(self, store: TableStore, writer: TableWriter) -> None:
+        self.writer = writer
+        self._stored = stored_positions(store)
+        self._held = stored_held(store)
+        self._resting: dict[str, SubscriptionState] = {}
+
+    def state_for(self, subscription: Subscription, kafka_topic: str, marks: Mapping[int, tuple[int, int]],
+                  since_ms: int | None = None, offsets_for_time=None) -> SubscriptionState:
+        """The state `subscription` continues from in `kafka_topic`, whose partitions have `marks` (low, high).
+
+        since_ms / offsets_for_time: a `latest` subscription with no position yet whose start was delayed (its
+        topic could not start when it was first seen, at `since_ms`) starts at the first messages published
+        since then: `offsets_for_time(since_ms)` gives partition -> offset."""
+        resting = self._resting.get(subscription.id)
+        if resting is not None and resting.kafka_topic == kafka_topic:
+            del self._resting[subscription.id]
+            resting.subscription = subscription
+            for partition in marks:
+                resting.positions.setdefault(partition, 0)  # a partition added since: from its start
+            return resting
+        if resting is not None:
+            log.warning("%s: its topic now reads Kafka topic %s instead of %s; its positions there are its own (or "
+                        "its startingOffsets)", subscription.id, kafka_topic, resting.kafka_topic)
+            self.rest(resting)  # keeps the old topic's positions, should it come back
+            del self._resting[subscription.id]
+        positions = dict(self._stored.get((subscription.id, kafka_topic), {}))
+        carried = {}
+        if positions:
+            carried = dict(self._held.get(subscription.id, {}))  # HELD rows name no Kafka topic
+        else:
+            if subscription.startingOffsets == "earliest":
+                positions = {partition: low for partition, (low, _) in marks.items()}
+            elif since_ms is not None and offsets_for_time is not None:
+                positions = dict(offsets_for_time(since_ms))
+            else:
+                positions = {partition: high for partition, (_, high) in marks.items()}
+            writer = f"start:{subscription.id}"
+            self.writer.submit(Slice(writer, START_BATCH_ID), [(OFFSETS, position_rows(
+                subscription.id, kafka_topic, positions, writer, START_BATCH_ID, dt.datetime.now(dt.timezone.utc)))])
+            self._stored[(subscription.id, kafka_topic)] = dict(positions)
+            log.info("%s starts in %s at the %s offsets %s", subscription.id, kafka_topic,
+                     subscription.startingOffsets, positions)
+        for partition in marks:
+            positions.setdefault(partition, 0)  # a partition added since: from its start
+        return SubscriptionState(subscription, kafka_topic=kafka_topic, positions=positions, carried=carried)
+
+    def rest(self, state: SubscriptionState) -> None:
+        """A subscription stops being delivered (suspended, removed, or its topic stopped): its state waits here,
+        and its positions are what it continues from in that Kafka topic."""
+        self._resting[state.id] = state
+        self._stored[(state.id, state.kafka_topic)] = dict(state.positions)
+        self._held.pop(state.id, None)
+
+    def resting(self, subscription_id: str) -> SubscriptionState | None:
+        return self._resting.get(subscription_id)
+
+    def moved(self, subscription_id: str, kafka_topic: str, to_offsets: Mapping[int, int]) -> None:
+        """An operator moved a subscription that is not being delivered (`herald retransmit`)."""
+        resting = self._resting.get(subscription_id)
+        if resting is not None and resting.kafka_topic == kafka_topic:
+            resting.positions.update(to_offsets)
+            resting.carried = {}
+        key = (subscription_id, kafka_topic)
+        self._stored[key] = {**self._stored.get(key, {}), **to_offsets}
+        self._held.pop(subscription_id, None)

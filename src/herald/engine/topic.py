@@ -24,13 +24,14 @@ from herald.config.model import Topic
 from herald.delivery.plan import TaskPlan
 from herald.engine import checkpoint as checkpoints
 from herald.engine import moves
-from herald.engine.context import EngineContext, now_ms
+from herald.engine.context import EngineContext, stamp_ms
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
-from herald.engine.positions import behind
+from herald.engine.positions import behind, lost_ranges, unread_starts
 from herald.engine.projection import project
 from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, table_rows
 from herald.engine.state import SubscriptionState
+from herald.engine.supervision import short_error
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import open_kafka_stream
 from herald.storage import Slice
@@ -60,6 +61,8 @@ class TopicPipeline:
         self._started = threading.Event()
         self._writer = ""
         self.catchup = None  # herald.engine.catchup.CatchUp, set by the runner
+        self.start_error: str | None = None  # why the query could not start (the runner starts it again)
+        self.healthy = False  # the query completed a micro-batch since it (re)started
 
     # -- subscriptions ----------------------------------------------------------------------------------------
     @property
@@ -141,6 +144,31 @@ class TopicPipeline:
         self._started.set()
         log.info("%s: one query for %d subscription(s)", self.kafka_topic, len(self.states))
 
+    def failure(self) -> str | None:
+        """Why the topic's query is not running (it failed, or could not start), or None."""
+        if self.start_error is not None:
+            return self.start_error
+        query = self.query
+        if query is not None and not query.isActive:
+            error = query.exception()
+            if error is not None:
+                return short_error(error)
+        return None
+
+    def restart(self) -> None:
+        """Start the query again from its checkpoint, after it failed. Its first micro-batch may replay the one
+        that failed, which then replaces whatever that one wrote."""
+        self.stop()
+        self.start_error = None
+        self.healthy = False
+        self._replay_possible = True
+        self._started.clear()
+        try:
+            self.start()
+        except Exception as error:
+            self.start_error = short_error(error)
+            raise
+
     def _starting_offsets(self) -> dict[int, int]:
         """Where a new checkpoint starts: per partition, the lowest position of the topic's subscriptions (a
         partition without one starts at its earliest offset)."""
@@ -167,6 +195,9 @@ class TopicPipeline:
                                           self._first_start)
         started = time.monotonic()
         with self.lock:
+            for state in self.states.values():
+                for partition in ranges:  # a partition added to the topic: every subscription from its start
+                    state.positions.setdefault(partition, 0)
             subscriptions = self.subscriptions
             participants = self._participants(subscriptions, ranges)
             self.batch_in_progress = True
@@ -175,7 +206,7 @@ class TopicPipeline:
             if participants and any(start < end for start, end in ranges.values()):
                 rows = project(batch_df, context.config, self.topic, subscriptions)
                 reports = run_round(rows, self.task_plan(participants, ranges), _input_partitions(ranges))
-                results = outcomes(participants, ranges, reports)
+                results = outcomes(participants, ranges, reports, self.lost_in(ranges, reports))
             else:
                 results = [SubscriptionOutcome(p.state.subscription, flow_state=p.state.flow,
                                                positions={q: max(p.state.positions.get(q, e), e)
@@ -192,6 +223,7 @@ class TopicPipeline:
         self.record(RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
                     possible_replay=self._replay_possible, duration_s=time.monotonic() - started)
         self._replay_possible = False
+        self.healthy = True
         self.flush_moves()
         if self.catchup is not None:
             self.catchup.wake()
@@ -217,6 +249,25 @@ class TopicPipeline:
         return chosen
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
+    def lost_in(self, ranges: dict[int, tuple[int, int]], reports, known: dict[int, tuple[int, int]] | None = None,
+                ) -> dict[int, tuple[int, int]]:
+        """The offsets of a round's `ranges` Kafka deleted before they were read (plus `known`, found before the
+        read), each logged at WARN. Kafka is asked only when some range starts below what was read; when it
+        cannot be asked this raises: the round is not recorded and its messages are delivered again."""
+        lost = dict(known or {})
+        unread = unread_starts(ranges, reports)
+        if unread:
+            marks = partition_watermarks(self.context.client_config, [self.kafka_topic])[self.kafka_topic]
+            for partition, (first, end) in lost_ranges(unread, {p: low for p, (low, _) in marks.items()}).items():
+                if partition in lost:  # deleted before the read and during it: one range
+                    first, end = min(first, lost[partition][0]), max(end, lost[partition][1])
+                lost[partition] = (first, end)
+        for partition, (first, end) in sorted(lost.items()):
+            log.warning("%s/%d: offsets %d..%d were deleted by Kafka (retention) before they were read; recorded "
+                        "as LOST in the undelivered table of each subscription that had not passed them",
+                        self.kafka_topic, partition, first, end - 1)
+        return lost
+
     def task_plan(self, participants: list[Participant], ranges: dict[int, tuple[int, int]],
                   max_tasks: int | None = None, shared: bool = True) -> TaskPlan:
         settings = self.context.config.settings
@@ -234,7 +285,9 @@ class TopicPipeline:
         )
 
     def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> None:
-        """Take a round's outcomes into the states (lock held) and hand parked messages to the retry driver."""
+        """Take a round's outcomes into the states (lock held). Its parked messages go to the retry driver only
+        once the round's rows are handed to the writer (`record`), so that a retry round's rows about them are
+        always written after their PARKED rows."""
         by_id = {result.subscription.id: result for result in results}
         for participant in participants:
             state = participant.state
@@ -248,8 +301,6 @@ class TopicPipeline:
             for item in result.carried:
                 state.carried[(item.partition, item.offset)] = item.state
             state.carried = state.live_carried()
-            if result.parked:
-                self.context.retries.park(state.subscription, self.kafka_topic, result.parked)
         for participant in participants:  # a move asked for during the round supersedes its positions
             if participant.state.pending_move is not None:
                 self._move(participant.state, participant.state.pending_move)
@@ -257,11 +308,14 @@ class TopicPipeline:
     def record(self, result: RoundResult, possible_replay: bool, duration_s: float) -> None:
         """Hand the round's rows to the table writer, then tell the round's listeners. Empty tables are skipped,
         unless the round may replay an earlier run's (its old slices are then cleared too)."""
-        tables = table_rows(result, now_ms())
+        tables = table_rows(result, stamp_ms())
         if not possible_replay:
             tables = [(table, rows) for table, rows in tables if rows.num_rows]
         if tables:
             self.context.writer.submit(Slice(result.writer, result.batch_id), tables)
+        for outcome in result.outcomes:
+            if outcome.parked:
+                self.context.retries.park(outcome.subscription, self.kafka_topic, outcome.parked)
         self.context.recorded(result, duration_s)
 
     def stop(self) -> None:

@@ -44,7 +44,10 @@ def open_kafka_stream(
 ):
     """A streaming DataFrame of `kafka_topic`; `starting_offsets` is 'earliest', 'latest' or Spark's JSON."""
     reader = _with_client_options(spark.readStream, connector, bootstrap_servers, client_properties)
-    reader = reader.option("subscribe", kafka_topic).option("startingOffsets", starting_offsets)
+    # Records retention deleted before they were read must not stop the topic: the rounds find and record them
+    # (`herald.engine.topic.TopicPipeline.lost_in`).
+    reader = (reader.option("subscribe", kafka_topic).option("startingOffsets", starting_offsets)
+              .option("failOnDataLoss", "false"))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     return reader.load()
@@ -63,7 +66,7 @@ def read_kafka_range(
 
     `start` and `end` name the same partitions (only those are read, through Spark's `assign` option); an empty
     range (``start[p] == end[p]``) reads nothing, and no partition at all gives an empty DataFrame. Records gone
-    from Kafka, or offsets beyond its high watermark, fail the read (failOnDataLoss=true). Raises ValueError for
+    from Kafka are skipped (failOnDataLoss=false: the caller finds them from what was read). Raises ValueError for
     mismatched partitions or a start after its end. Offsets 10..19 of partition 0 and 0..4 of partition 1::
 
         read_kafka_range(spark, "python", "127.0.0.1:19092", {}, "orders", {0: 10, 1: 0}, {0: 20, 1: 5})
@@ -81,6 +84,7 @@ def read_kafka_range(
     reader = _with_client_options(spark.read, connector, bootstrap_servers, client_properties)
     return (
         reader.option("assign", json.dumps({kafka_topic: partitions}))
+        .option("failOnDataLoss", "false")
         .option("startingOffsets", json.dumps({kafka_topic: {str(p): start[p] for p in partitions}}))
         .option("endingOffsets", json.dumps({kafka_topic: {str(p): end[p] for p in partitions}}))
         .load()

@@ -27,7 +27,7 @@ UNDELIVERED_SCHEMA = pa.schema([
     ("partition", pa.int32()),
     ("offset", pa.int64()),
     ("message_id", pa.string()),
-    ("status", pa.string()),  # DISCARDED
+    ("status", pa.string()),  # DISCARDED, or LOST: a range of offsets retention deleted before it was read
     ("reason", pa.string()),  # the last attempt's, as Hermes writes it
     ("http_status", pa.int32()),
     ("attempts", pa.int32()),
@@ -39,7 +39,7 @@ UNDELIVERED_SCHEMA = pa.schema([
     ("raw_value", pa.binary()),  # the original bytes of a record that could not be decoded (AVRO topics)
     ("schema_id", pa.int32()),  # AVRO topics: the message's schema id and version, when known
     ("schema_version", pa.int32()),
-    ("ended_by", pa.string()),  # status | messageTtl | maxAttempts | decode | template
+    ("ended_by", pa.string()),  # status | messageTtl | maxAttempts | decode | template | retention
     ("writer", pa.string()),
     ("endpoint", pa.string()),  # BROADCAST: the endpoint that did not get the message (password masked)
     ("delivery_batch_id", pa.string()),  # BATCH: the Hermes-Batch-Id of the batch it was discarded with
@@ -80,6 +80,7 @@ METRICS_SCHEMA = pa.schema([
     ("writer", pa.string()),
     ("batches_delivered", pa.int64()),  # BATCH subscriptions: batches delivered and discarded in the round
     ("batches_discarded", pa.int64()),  # (their messages count in delivered and discarded)
+    ("lost", pa.int64()),  # offsets of its range Kafka deleted (retention) before they were read
 ])
 
 RETRIES_SCHEMA = pa.schema([
