@@ -19,23 +19,47 @@ import os
 from collections.abc import Mapping
 
 
+def _local(path: str) -> bool:
+    return "://" not in path and not path.startswith("dbfs:")
+
+
+def _hadoop(spark, path: str):
+    """(file system, path) of a cluster path (dbfs:, s3a:, abfss:, file://), through Spark's Hadoop client."""
+    jvm = spark._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration()), hadoop_path
+
+
 def _read_text(spark, path: str) -> str | None:
-    if "://" not in path and not path.startswith("dbfs:"):
+    if _local(path):
         try:
             with open(path, encoding="utf-8") as file:
                 return file.read()
         except FileNotFoundError:
             return None
-    jvm = spark._jvm  # a cluster file system (dbfs:, s3a:, abfss:): read through Hadoop
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+    fs, hadoop_path = _hadoop(spark, path)
     if not fs.exists(hadoop_path):
         return None
     stream = fs.open(hadoop_path)
     try:
-        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        return spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
     finally:
         stream.close()
+
+
+def _batch_ids(spark, directory: str) -> list[int]:
+    """The micro-batch ids logged in one of the checkpoint's logs (`offsets` or `commits`), local or remote."""
+    if _local(directory):
+        names = os.listdir(directory) if os.path.isdir(directory) else []
+    else:
+        fs, hadoop_path = _hadoop(spark, directory)
+        names = [status.getPath().getName() for status in fs.listStatus(hadoop_path)] if fs.exists(hadoop_path) else []
+    return [int(name) for name in names if name.isdigit()]
+
+
+def has_offsets(spark, checkpoint: str) -> bool:
+    """True when the checkpoint has logged some micro-batch (the query is not new)."""
+    return bool(_batch_ids(spark, f"{checkpoint.rstrip('/')}/offsets"))
 
 
 def logged_offsets(spark, checkpoint: str, batch_id: int, kafka_topic: str) -> dict[int, int] | None:
@@ -52,11 +76,8 @@ def logged_offsets(spark, checkpoint: str, batch_id: int, kafka_topic: str) -> d
 
 
 def last_committed(spark, checkpoint: str) -> int | None:
-    """The id of the last micro-batch the checkpoint marks as committed (local checkpoints only), or None."""
-    commits = f"{checkpoint.rstrip('/')}/commits"
-    if "://" in commits or commits.startswith("dbfs:") or not os.path.isdir(commits):
-        return None
-    ids = [int(name) for name in os.listdir(commits) if name.isdigit()]
+    """The id of the last micro-batch the checkpoint marks as committed, or None."""
+    ids = _batch_ids(spark, f"{checkpoint.rstrip('/')}/commits")
     return max(ids) if ids else None
 
 

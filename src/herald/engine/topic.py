@@ -7,14 +7,14 @@ and catches up on its own (`catchup`); it rejoins the shared query once it reach
 (the frontier). The topic's lock guards the states; a round marks its subscriptions busy while it delivers.
 
 The query's offsets are Spark's checkpoint (`<storage>/checkpoints/topics/<kafka topic>`); the subscriptions'
-positions are the offsets table. A new checkpoint starts at the lowest position of the topic's subscriptions.
+positions are the offsets table. A new checkpoint starts at the highest position of the topic's subscriptions;
+those behind it catch up.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable
@@ -170,14 +170,15 @@ class TopicPipeline:
             raise
 
     def _starting_offsets(self) -> dict[int, int]:
-        """Where a new checkpoint starts: per partition, the lowest position of the topic's subscriptions (a
-        partition without one starts at its earliest offset)."""
+        """Where a new checkpoint starts: per partition, the highest position of the topic's subscriptions (a
+        partition without one starts at its earliest offset). Subscriptions behind it catch up on their own, so
+        an up-to-date subscription never waits for another one's backlog to be read first."""
         marks = partition_watermarks(self.context.client_config, [self.kafka_topic])[self.kafka_topic]
         starting = {}
         for partition, (low, high) in marks.items():
             positions = [state.positions[partition] for state in self.states.values() if partition in state.positions]
-            starting[partition] = min(max(min(positions), low), high) if positions else low
-        if not os.path.exists(os.path.join(self.checkpoint, "offsets")) or "://" in self.checkpoint:
+            starting[partition] = min(max(max(positions), low), high) if positions else low
+        if not checkpoints.has_offsets(self.context.spark, self.checkpoint):
             self._first_start = starting
         return starting
 

@@ -1,0 +1,43 @@
+"""Storage given as a URI (`file://` here, as `s3a://` or `dbfs:` on a cluster): the topic queries' checkpoints
+are read through Spark's Hadoop client, so where the query stands is known there too (issue: nothing lost,
+nothing stuck)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from herald.config import load_config
+from herald.engine.moves import plan_move, record_move
+from herald.engine.runner import Runner
+from herald.engine.state import stored_positions
+from herald.storage import DeltaRsStore
+from tests.support.herald_env import produce, write_conf
+from tests.support.subscriber import ScriptedSubscriber
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+def test_a_subscription_moved_back_on_an_idle_topic_is_delivered_again_with_a_file_uri_checkpoint(
+        broker, spark, topic_name, tmp_path):
+    """The topic is idle at the second run: only the checkpoint says the query is at offset 10. `b` was moved
+    back to 0 (a retransmission) between the runs, so it is behind the query and --once delivers it again."""
+    broker.create_topics({topic_name: 1})
+    storage = f"file://{tmp_path / 'remote'}"
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {
+            "a": {"endpoint": f"{sub.url}/a"}, "b": {"endpoint": f"{sub.url}/b"}},
+            settings={"storage": {"path": storage}})
+        produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10)])
+        config = load_config(conf)
+        assert config.storage_path == storage
+        assert Runner(config, spark=spark).run(once=True) == 0
+        assert (tmp_path / "remote" / "checkpoints" / "topics" / topic_name / "commits").is_dir()
+        store = DeltaRsStore(storage)
+        current = stored_positions(store)[(f"{topic_name}.b", topic_name)]
+        record_move(store, plan_move({"bootstrap.servers": broker.bootstrap_servers}, f"{topic_name}.b", topic_name,
+                                     current, dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)))
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    received = {path: sorted(r.json()["i"] for r in sub.requests if r.path == path) for path in ("/a", "/b")}
+    assert received == {"/a": list(range(10)), "/b": sorted([*range(10)] * 2)}
