@@ -136,3 +136,60 @@ def test_the_spark_submit_entry_point_retransmits(broker, topic_name, tmp_path):
     moved = json.loads(output[output.index("{"): output.rindex("}") + 1])
     assert moved["dryRun"] is False and moved["partitions"] == [{"partition": 0, "from": None, "to": 0}]
     assert DeltaRsStore(str(tmp_path / "storage")).read(RETRANSMISSIONS).num_rows == 1
+
+
+@pytest.mark.spark
+def test_a_move_recorded_while_the_job_stops_is_applied_by_the_next_run_exactly_once(broker, spark, topic_name,
+                                                                                     tmp_path, capsys):
+    """The job's move watcher has stopped (as it does first when the job stops) when the move is recorded, and the
+    job's last round then writes positions newer than the move's: the next run still applies the move (once)."""
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(5)])
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {"endpoint": sub.url}})
+        sid = f"{topic_name}.s"
+        with RunningHerald(conf, spark) as running:
+            assert wait_until(lambda: len(sub.requests) == 5, 60)
+            running.runner.moves.stop()
+            cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date", "-1h", "--json")
+            produce(broker.bootstrap_servers, topic_name, [{"i": 5}])
+            assert wait_until(lambda: len(sub.requests) == 6, 60)
+            time.sleep(1)  # its round's positions are written after the move's
+        newest = cli_json(capsys, "offsets", "--conf", str(conf), sid, "--json")
+        assert [p["offset"] for p in newest] == [6], "the stopping job's positions passed the move's"
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        assert sorted(r.json()["i"] for r in sub.requests) == sorted([*range(6), *range(6)]), "moved back: again"
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        assert len(sub.requests) == 12, "applied once: the run after does not move it again"
+    rows = DeltaRsStore(str(tmp_path / "storage")).read(RETRANSMISSIONS).to_pylist()
+    assert rows and all(row["applied_at"] is not None for row in rows)
+
+
+@pytest.mark.spark
+def test_a_carried_message_delivered_later_is_not_carried_again_after_a_move_back_and_a_restart(
+        broker, spark, topic_name, tmp_path, capsys):
+    """An ordered subscription's message is carried (HELD) while it waits for its retry, then delivered. Moved
+    back over it while suspended and started again, it is delivered again as new (Hermes-Retry-Count 0), not
+    resumed from that old retry state (which a HELD row left newest would bring back, TTL and all)."""
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": 0, "replies": [[503], [200]]}, {"i": 1}])
+    with ScriptedSubscriber() as sub:
+        fields = {"endpoint": sub.url, "subscriptionPolicy": {"inflightSize": 1, "messageBackoff": 2000,
+                                                              "messageTtl": 4}}
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": fields},
+                          settings={"streaming": {"parkAfterMs": 200}})
+        sid = f"{topic_name}.s"
+        with RunningHerald(conf, spark) as running:
+            assert wait_until(lambda: [r.json()["i"] for r in sub.requests] == [0, 0, 1], 60)
+            states = DeltaRsStore(str(tmp_path / "storage")).read("retries").to_pylist()
+            assert any(row["state"] == "HELD" for row in states), "it was carried while it waited"
+            write_subscription(conf, topic_name, "s", {**fields, "state": "SUSPENDED"})
+            assert wait_until(lambda: topic_name not in running.runner.pipelines, 30), "its topic stops: none left"
+            cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date", "-1h", "--json")
+            time.sleep(2)  # applied by the running job's move watcher
+        write_subscription(conf, topic_name, "s", fields)
+        time.sleep(3)  # the old retry state's messageTtl (4 s from its first read) is over
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    again = [r for r in sub.requests[3:]]
+    assert [(r.json()["i"], r.headers["Hermes-Retry-Count"]) for r in again][:1] == [(0, "0")]
+    assert DeltaRsStore(str(tmp_path / "storage")).read("undelivered").num_rows == 0

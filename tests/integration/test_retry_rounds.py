@@ -124,7 +124,8 @@ def test_parked_messages_reach_the_retry_driver_only_after_their_parked_rows(tmp
 def test_once_ends_while_a_subscriber_fails_everything_and_costs_a_row_per_message_per_run(
         broker, spark, topic_name, tmp_path):
     """40 messages, every attempt answered 500, messageBackoff 100 ms, parkAfterMs 0: each --once run ends by
-    itself, parks what it tried, and writes one retries row per message and run (not one per round)."""
+    itself, parks what it tried, and retries each message in one round at most: the first run parks each one and
+    may retry it once, each later run retries it once (a row per message and round, not thousands)."""
     broker.create_topics({topic_name: 2})
     with ScriptedSubscriber(lambda request: Reply(500)) as sub:
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {
@@ -141,7 +142,7 @@ def test_once_ends_while_a_subscriber_fails_everything_and_costs_a_row_per_messa
             for row in rows:
                 per_message[(row["partition"], row["offset"])] = per_message.get((row["partition"], row["offset"]),
                                                                                  0) + 1
-            assert len(per_message) == 40 and max(per_message.values()) <= run, per_message
+            assert len(per_message) == 40 and max(per_message.values()) <= run + 1, per_message
             assert {row["state"] for row in rows} == {"PARKED"}, "nothing recorded as delivered"
             time.sleep(0.2)  # every parked message is due before the next run
     attempts = len(sub.requests)

@@ -191,3 +191,16 @@ def test_a_batch_being_rebuilt_waits_for_its_last_offset_and_is_carried_unchange
     assert transport.sent == [], "neither its time nor the end of the input closes it short of offset 2"
     [carried] = lane_report(report).carried
     assert (carried.offset, carried.state) == (0, state) and lane_report(report).stops == {0: 0}
+
+
+def test_a_batch_carried_closed_closes_at_its_last_offset_even_when_that_message_no_longer_comes():
+    """Its last message (offset 4) is passed over by the subscription's filters now (edited since): the batch
+    still closes once the read passes offset 4, with the messages that still come, and keeps its id."""
+    carried = RetryState(attempts=2, first_read_ms=FakeClock().wall_ms() - 1000, due_ms=0, batch_last_offset=4)
+    resumed = batch_lane(size=5, resume={(0, 0): carried}, starts={0: 0})
+    matching = rows(0, [0, 1, 2, 3])
+    report, transport, _ = run({0: resumed}, [batch(matching, extra_offsets={0: [4, 5, 6]})], ok())
+    assert [sent_offsets(s) for s in transport.sent] == [[0, 1, 2, 3]]
+    assert transport.sent[0].header("Hermes-Batch-Id") == batch_id(SUBSCRIPTION, 0, 0, 4)
+    assert transport.sent[0].header("Hermes-Retry-Count") == "2"
+    assert lane_report(report).carried == [] and lane_report(report).counters.delivered == 4

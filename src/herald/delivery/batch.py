@@ -119,6 +119,7 @@ class BatchLane(Lane):
         self.flush = flush
         self._partitions: dict[int, deque[Batch]] = {}  # the first may be in flight, the last may be open
         self._held = 0  # messages in batches
+        self._read_to: dict[int, int] = {}  # partition -> the offset after the last row read of it
 
     # -- input into batches -----------------------------------------------------------------------------------
     def admit(self, now: float, now_ms: int) -> list[Record]:
@@ -128,6 +129,8 @@ class BatchLane(Lane):
             if not self._place(record, now, now_ms):
                 break  # its partition has a batch in flight and the next one full: it waits (in order)
             admitted.append(self.pending.popleft())
+        if not self.pending:
+            self._close_passed(now, now_ms)
         if admitted:
             self.counters.inflight_peak = max(self.counters.inflight_peak, self._held)
             self._stalled_since = None
@@ -200,6 +203,24 @@ class BatchLane(Lane):
     def _next_close(self) -> float | None:
         times = [batch.first_read_at + self.spec.time_s for batch in self._open_batches()]
         return min(times) if times else None
+
+    def read_through(self, partition: int, next_offset: int, now: float, now_ms: int) -> bool:
+        """Remember how far `partition` was read: a batch being rebuilt up to its last offset closes there once
+        the read has passed it (`_close_passed`), even when its last message no longer comes to the lane (a
+        filter edited since, a record compacted away)."""
+        self._read_to[partition] = max(self._read_to.get(partition, 0), next_offset)
+        queue = self._partitions.get(partition)
+        batch = queue[-1] if queue else None
+        return batch is not None and not batch.closed and batch.last_offset is not None \
+            and next_offset > batch.last_offset
+
+    def _close_passed(self, now: float, now_ms: int) -> None:
+        """(every row read so far placed) Close the rebuilt batches whose last offset the read has passed."""
+        for partition, queue in self._partitions.items():
+            batch = queue[-1] if queue else None
+            if batch is not None and not batch.closed and batch.last_offset is not None \
+                    and self._read_to.get(partition, 0) > batch.last_offset:
+                self._close(batch, now, now_ms, last_offset=batch.last_offset)
 
     def input_ended(self, now: float, now_ms: int) -> bool:
         """With `flush` (a --once run), the open batches go out now instead of waiting for their time."""

@@ -282,6 +282,11 @@ class Lane:
         """The task's input is all read; True when that gave the lane something to do at once."""
         return False
 
+    def read_through(self, partition: int, next_offset: int, now: float, now_ms: int) -> bool:
+        """The task has read `partition` up to `next_offset` (its rows up to there were offered); True when that
+        gave the lane something to do at once."""
+        return False
+
     def adjust(self, now: float) -> None:
         """Let the adaptive controller close its window; the hard cap follows its rate."""
         if self.flow.adjust(now):

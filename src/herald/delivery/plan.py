@@ -58,6 +58,9 @@ class LanePlan:
     batch: BATCH delivery's thresholds (`herald.delivery.batch`); None: each message alone.
     tracking: what the lane records of each message's history (`herald.delivery.report.TRACK_*`): nothing,
         its failed attempts and its end (the driver adds DISCARDED rows from the discards), or everything.
+    version: the version of the subscription's definition the round was planned with; a task that learns of
+        another (or that the subscription is no longer delivered) starts no more first attempts for it
+        (`herald.delivery.control`).
     """
 
     subscription_id: str
@@ -82,6 +85,7 @@ class LanePlan:
     broadcast: bool = False
     oauth: TokenSource | None = None
     batch: BatchSpec | None = None
+    version: str = ""
 
     @property
     def tracks_all(self) -> bool:
@@ -121,6 +125,8 @@ class TaskPlan:
         subscription that holds up the reading is cut off (its position stops, it catches up alone).
     flush_batches: BATCH lanes send their open batches once the input is read (a `--once` run) instead of
         carrying them to a later round until their batchTime.
+    control_url / control_poll_s: where the task asks, every that many seconds, which version of each
+        subscription is delivered now (None: it does not ask).
     """
 
     topic: str
@@ -134,3 +140,5 @@ class TaskPlan:
     readahead_rows: int = 20_000
     readahead_bytes: int = 64 * 1024 * 1024
     flush_batches: bool = False
+    control_url: str | None = None
+    control_poll_s: float = 2.0

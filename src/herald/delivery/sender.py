@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from herald.delivery.batch import BatchLane
+from herald.delivery.control import ControlPoller
 from herald.delivery.input import InlineReader, InputBatch, Prefetcher
 from herald.delivery.lane import Lane
 from herald.delivery.message import Record
@@ -91,6 +92,8 @@ class TaskSender:
         self._sequence = itertools.count()
         self._no_room: dict[Lane, None] = {}  # lanes waiting for the transport to have room
         self._tracing: list[Lane] = []  # lanes that record every row's step, FILTERED included
+        self._batching: list[Lane] = []  # BATCH lanes: told how far each partition has been read
+        self._control: ControlPoller | None = None
 
     def run(self, batches: Iterable[InputBatch]) -> TaskReport:
         now, now_ms = self.clock(), self.wall_clock_ms()
@@ -108,14 +111,19 @@ class TaskSender:
             self.lanes[index] = lane
             self._ready[lane] = None
         self._tracing = [lane for lane in self.lanes.values() if lane.plan.tracks_all]
+        self._batching = [lane for lane in self.lanes.values() if lane.plan.batch is not None]
         reader = Prefetcher(batches) if self.prefetch else InlineReader(batches)
         deadline = now + self.plan.budget_s
+        self._control = ControlPoller(self.plan.control_url, self.plan.control_poll_s) if self.plan.control_url \
+            else None
         try:
             self._loop(reader, deadline)
             exhausted = reader.done
         finally:
             reader.close()
             self.transport.close()
+            if self._control is not None:
+                self._control.close()
         return self._report(exhausted)
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -184,10 +192,17 @@ class TaskSender:
                 heapq.heappush(self._timers, (wake_at, next(self._sequence), lane))
 
     def _sweep(self, now: float, now_ms: int, input_done: bool) -> None:
-        """Close flow windows; settle lanes that have had nothing but retries for `park_after_s`."""
+        """Close flow windows; settle lanes that have had nothing but retries for `park_after_s`, and lanes whose
+        subscription was suspended, removed or edited since the round was planned (as at the deadline)."""
+        versions = self._control.versions() if self._control is not None else None
         for lane in self.lanes.values():
             if lane.settled:
                 continue
+            if versions is not None and not lane.settling and versions.get(lane.plan.subscription_id) != \
+                    lane.plan.version:
+                if not lane.cut:
+                    self._release(lane.cut_input(self._progress))
+                lane.settling = True
             lane.adjust(now)
             if input_done and lane.input_ended(now, now_ms):
                 self._ready[lane] = None
@@ -236,6 +251,12 @@ class TaskSender:
                 for lane in tracing:
                     if lane.index not in targets and not lane.cut and not lane.settled:
                         lane.passed_over(record, now_ms)
+        for lane in self._batching:
+            if lane.cut or lane.settled:
+                continue
+            for partition, offsets in batch.offsets.items():
+                if len(offsets) and lane.read_through(partition, int(offsets[-1]) + 1, self.clock(), now_ms):
+                    self._ready[lane] = None
 
     def _relieve(self) -> None:
         """The read-ahead is full: while a lane starves for rows, cut off the lane holding the most."""

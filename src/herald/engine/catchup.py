@@ -8,7 +8,10 @@ cluster's cores so the shared query keeps the rest. Subscriptions whose position
 other share the read. Once a subscription reaches the query's position between two micro-batches it rejoins
 the query. An ordered subscription stopped at a message whose retry is not due yet waits for it without
 running empty rounds, as a BATCH subscription stopped at its open batch waits for its batchTime or for enough
-new records to fill it.
+new records to fill it. More generally, a round that could do nothing for a subscription (no attempt, no
+position moved: its only in-flight slot held by a message whose retry is not due, an open batch that fewer
+messages than its size pass the filters of) is not run again until something can change that: new records, the
+earliest due time of what it carries, its rate's next permit, or at the latest `IDLE_RECHECK_MS`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from herald.source.stream import read_kafka_range
 log = logging.getLogger(__name__)
 
 _IDLE_S = 0.5
+IDLE_RECHECK_MS = 10_000
 
 
 class CatchUp:
@@ -78,6 +82,11 @@ class CatchUp:
         for state in pipeline.states.values():
             if not state.catching_up or state.busy:
                 continue
+            if state.idle is not None:
+                seen, wake_ms = state.idle
+                if seen == frontier and now < wake_ms:
+                    continue  # its last round could do nothing, and nothing has changed since
+                state.idle = None
             if not behind(state.positions, frontier):
                 if not pipeline.batch_in_progress:
                     state.catching_up = False  # it rejoins the shared query
@@ -96,7 +105,7 @@ class CatchUp:
         ranges = catch_up_ranges(starts, frontier, max_rows)
         for state in group:
             state.busy = True
-        return group, ranges
+        return group, ranges, dict(frontier)
 
     def round(self) -> bool:
         """Run one catch-up round; False when no subscription needs one now."""
@@ -106,7 +115,8 @@ class CatchUp:
             chosen = self._group()
             if chosen is None:
                 return False
-            group, ranges = chosen
+            group, ranges, frontier = chosen
+            before = {state.id: dict(state.positions) for state in group}
             subscriptions = [state.subscription for state in group]
             participants = [Participant(index, state, lane_plan(
                 state, context.flow_settings, context.retries.parked_count(state.id),
@@ -132,6 +142,10 @@ class CatchUp:
                 pipeline.apply(participants, results)
                 for state in group:
                     state.last_served_s = time.monotonic()
+                for result in results:
+                    state = next(state for state in group if state.id == result.subscription.id)
+                    if not _acted(result, before[state.id], state.positions):
+                        state.idle = (frontier, _wake_ms(state))
         batch_id = next(self._rounds)
         pipeline.record(RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
                                     pipeline.kafka_topic, context.cluster, results), possible_replay=False,
@@ -155,6 +169,24 @@ class CatchUp:
                 deleted[partition] = (start, min(low, end))
             clamped[partition] = (min(max(start, low), end), end)
         return clamped, deleted
+
+
+def _acted(result, before: dict[int, int], after: dict[int, int]) -> bool:
+    """Whether a catch-up round did anything for a subscription: an attempt, a discard, a lost range recorded,
+    or a position moved."""
+    counters = result.counters
+    return bool(counters.attempts or counters.discarded or result.lost
+                or any(after.get(p, offset) != offset for p, offset in before.items()))
+
+
+def _wake_ms(state: SubscriptionState) -> int:
+    """When a subscription whose round could do nothing may be able to (epoch ms): the earliest due time of what
+    it carries (a retry, a batch's batchTime), its rate's next permit, or `IDLE_RECHECK_MS` from now."""
+    now = now_ms()
+    times = [carried.due_ms for carried in state.live_carried().values() if carried.due_ms > now]
+    if state.flow.next_permit_ms > now:
+        times.append(state.flow.next_permit_ms)
+    return min([*times, now + IDLE_RECHECK_MS])
 
 
 def _within(positions: dict[int, int], window: dict[int, tuple[int, int]]) -> bool:

@@ -46,6 +46,7 @@ class EngineContext:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     catchup_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
     round_listeners: list[Callable] = field(default_factory=list)
+    control_url: str | None = None  # where running tasks ask which subscriptions are delivered now
 
     def recorded(self, result, duration_s: float) -> None:
         """A round's rows were handed to the writer: tell the listeners (the Prometheus exporter, the dead-letter

@@ -2,11 +2,14 @@
 
 A position is the newest `offsets` row of a (subscription, topic, partition), so moving one is writing rows:
 first the record in the `retransmissions` table (who, when, from which offsets to which), then offsets rows
-under the writer `move:<subscription>` whose batch_id is the move's id. A job that is not running starts from
-there; a suspended subscription is delivered from there on activation; a running job sees the record
-(`MoveWatcher`, every `streaming.configPollMs`) and moves the subscription in memory between two of its
-rounds, writing the rows again so that they stay the newest. Messages from the new position on are read and
-delivered again as new: `Hermes-Retry-Count` from 0, their original `Hermes-Message-Id`, filters applied.
+under the writer `move:<subscription>` whose batch_id is the move's id. A move is applied by the job, exactly
+once, whenever it next runs: a running job sees the record (`MoveWatcher`, every `streaming.configPollMs`) and
+moves the subscription in memory between two of its rounds; a job starting applies every move not applied yet
+(one recorded while no job ran, or while a job was stopping: its last rounds' positions would otherwise pass
+over the move's). Either way the job writes the move's positions again, so that they are the newest, then marks
+the record `applied_at`. A suspended subscription is delivered from there on activation. Messages from the new
+position on are read and delivered again as new: `Hermes-Retry-Count` from 0, their original
+`Hermes-Message-Id`, filters applied.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pyarrow as pa
 
 from herald.source.kafka_offsets import OffsetClient
 from herald.storage import Slice, TableStore
-from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA, RETRANSMISSIONS, RETRANSMISSIONS_SCHEMA, epoch_ms
+from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA, RETRANSMISSIONS, RETRANSMISSIONS_SCHEMA, RETRIES, epoch_ms
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class Move:
     date: dt.datetime
     move_id: int  # epoch ms when it was asked
     requested_by: str = ""
+    recorded_at: dt.datetime | None = None
 
     @property
     def writer(self) -> str:
@@ -82,14 +86,27 @@ def plan_move(client_config: dict, subscription: str, kafka_topic: str, current:
 
 def record_move(store: TableStore, move: Move) -> None:
     """Write the move: its record first, then the positions (so a crash between them moves nothing)."""
-    now = dt.datetime.now(dt.timezone.utc)
-    record = [{"subscription": move.subscription, "topic": move.kafka_topic, "partition": partition,
-               "from_offset": move.from_offsets.get(partition), "to_offset": offset, "requested_date": move.date,
-               "requested_by": move.requested_by, "recorded_at": now, "batch_id": move.move_id,
-               "writer": move.writer} for partition, offset in sorted(move.to_offsets.items())]
-    part = Slice(move.writer, move.move_id)
-    store.replace(RETRANSMISSIONS, pa.Table.from_pylist(record, schema=RETRANSMISSIONS_SCHEMA), part)
+    store.replace(RETRANSMISSIONS, record_rows(move, None), Slice(move.writer, move.move_id))
     write_positions(store, move)
+
+
+def record_rows(move: Move, applied_at: dt.datetime | None) -> pa.Table:
+    """The move's rows of the retransmissions table (`applied_at`: when a job applied it, or None)."""
+    recorded_at = move.recorded_at or dt.datetime.now(dt.timezone.utc)
+    rows = [{"subscription": move.subscription, "topic": move.kafka_topic, "partition": partition,
+             "from_offset": move.from_offsets.get(partition), "to_offset": offset, "requested_date": move.date,
+             "requested_by": move.requested_by, "recorded_at": recorded_at, "batch_id": move.move_id,
+             "writer": move.writer, "applied_at": applied_at} for partition, offset in sorted(move.to_offsets.items())]
+    return pa.Table.from_pylist(rows, schema=RETRANSMISSIONS_SCHEMA)
+
+
+def applied_tables(move: Move, released: pa.Table) -> list[tuple[str, pa.Table]]:
+    """What a job writes once it applied `move`: the MOVED rows of the carried states it dropped (`released`,
+    retries rows), its positions again (the newest rows of the subscription), then its record marked applied.
+    Written in that order, under the move's slice: a crash before the last applies it again at the next start,
+    never not at all."""
+    return [(RETRIES, released), (OFFSETS, position_rows(move)),
+            (RETRANSMISSIONS, record_rows(move, dt.datetime.now(dt.timezone.utc)))]
 
 
 def position_rows(move: Move) -> pa.Table:
@@ -105,27 +122,28 @@ def write_positions(store: TableStore, move: Move) -> None:
     store.replace(OFFSETS, position_rows(move), Slice(move.writer, move.move_id))
 
 
-def moves_since(store: TableStore, after_ms: int) -> list[Move]:
-    """Moves recorded after `after_ms` (epoch ms), oldest first."""
-    rows = store.sql(RETRANSMISSIONS, f"SELECT * FROM {RETRANSMISSIONS} WHERE batch_id > {int(after_ms)}")
+def unapplied_moves(store: TableStore) -> list[Move]:
+    """Moves no job has applied yet, oldest first."""
+    rows = store.sql(RETRANSMISSIONS, f"SELECT * FROM {RETRANSMISSIONS} WHERE applied_at IS NULL")
     grouped: dict[tuple[str, int], list[dict]] = {}
     for row in rows.to_pylist():
         grouped.setdefault((row["subscription"], row["batch_id"]), []).append(row)
     moves = [Move(sid, group[0]["topic"], {r["partition"]: r["from_offset"] for r in group
                                            if r["from_offset"] is not None},
                   {r["partition"]: r["to_offset"] for r in group}, group[0]["requested_date"], move_id,
-                  group[0]["requested_by"] or "") for (sid, move_id), group in grouped.items()]
+                  group[0]["requested_by"] or "", group[0]["recorded_at"]) for (sid, move_id), group in grouped.items()]
     return sorted(moves, key=lambda move: move.move_id)
 
 
 class MoveWatcher:
-    """In a running job: every `poll_s`, hands moves recorded since it started to `apply(move)`."""
+    """In a running job: every `poll_s`, hands each move not applied yet to `apply(move)`, once (its record is
+    marked applied through the table writer, after the move's positions)."""
 
-    def __init__(self, store: TableStore, apply, poll_s: float, since_ms: int) -> None:
+    def __init__(self, store: TableStore, apply, poll_s: float, handed: set[tuple[str, int]] | None = None) -> None:
         self.store = store
         self.apply = apply
         self.poll_s = poll_s
-        self._seen_ms = since_ms
+        self._handed: set[tuple[str, int]] = set(handed or ())  # (subscription, move id) applied by this job
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="herald-move-watcher", daemon=True)
 
@@ -139,8 +157,8 @@ class MoveWatcher:
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             try:
-                for move in moves_since(self.store, self._seen_ms):
-                    self.apply(move)
-                    self._seen_ms = max(self._seen_ms, move.move_id)
+                for move in unapplied_moves(self.store):
+                    if (move.subscription, move.move_id) not in self._handed and self.apply(move):
+                        self._handed.add((move.subscription, move.move_id))
             except Exception:  # noqa: BLE001 - the job goes on; the move is tried again at the next look
                 log.exception("applying a retransmission failed; trying again in %.1f s", self.poll_s)

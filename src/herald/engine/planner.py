@@ -24,6 +24,7 @@ from herald.delivery.oauth import TokenSource
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TRACK_OFF
 from herald.delivery.spec import DeliverySpec
+from herald.engine.control import version_of
 from herald.engine.state import SubscriptionState
 
 
@@ -112,4 +113,5 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         tracking=TRACKING[subscription.trackingMode],
         signing_keys=subscription.signing.keys() if subscription.signing is not None else (),
         batch=None if retries else spec.batch,  # messages parked before a change to BATCH go out alone
+        version=version_of(subscription),
     )

@@ -45,12 +45,13 @@ class ParkedMessage:
 
 
 class RetryDriver:
-    """due_until_ms: with `--once`, the run's start (epoch ms): only messages due by then are re-driven, each in
-    one round, and those parked again (or parked by this run) wait for the next run, so the run can end."""
+    """once: a `--once` run: each message is re-driven in at most one round of the run (due at the start, or
+    parked by the run and due before it ends); parked again, it waits for the next run, so the run can end."""
 
-    def __init__(self, context: EngineContext, due_until_ms: int | None = None) -> None:
+    def __init__(self, context: EngineContext, once: bool = False) -> None:
         self.context = context
-        self.due_until_ms = due_until_ms
+        self.once = once
+        self._tried: set[tuple[str, int, int]] = set()  # once: (subscription, partition, offset) re-driven
         self._lock = threading.Lock()
         self._parked: dict[str, dict[tuple[int, int], ParkedMessage]] = {}
         self._active: dict[str, Subscription] = {}
@@ -153,8 +154,7 @@ class RetryDriver:
     def _sleep_s(self) -> float:
         with self._lock:
             dues = [max(m.state.due_ms, self._next_permit.get(sid, 0)) for sid, messages in self._parked.items()
-                    if sid in self._active for m in messages.values()
-                    if self.due_until_ms is None or m.state.due_ms <= self.due_until_ms]
+                    if sid in self._active for m in messages.values() if not self._tried_here(sid, m)]
         if not dues:
             return 1.0
         return min(1.0, max(0.0, (min(dues) - now_ms()) / 1000))
@@ -162,13 +162,15 @@ class RetryDriver:
     def due_now(self) -> dict[str, list[ParkedMessage]]:
         """ACTIVE subscription id -> its parked messages due now (and allowed by its rate), for a round."""
         horizon = now_ms() + _EARLY_MS
-        if self.due_until_ms is not None:
-            horizon = min(horizon, self.due_until_ms)
         with self._lock:
-            return {sid: [m for m in messages.values() if m.state.due_ms <= horizon]
-                    for sid, messages in self._parked.items()
-                    if sid in self._active and self._next_permit.get(sid, 0) <= horizon
-                    and any(m.state.due_ms <= horizon for m in messages.values())}
+            due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)]
+                   for sid, messages in self._parked.items()
+                   if sid in self._active and self._next_permit.get(sid, 0) <= horizon}
+        return {sid: messages for sid, messages in due.items() if messages}
+
+    def _tried_here(self, subscription_id: str, message: ParkedMessage) -> bool:
+        """(lock held) A --once run re-drove the message already."""
+        return self.once and (subscription_id, message.record.partition, message.record.offset) in self._tried
 
     def _postpone(self, due: dict[str, list[ParkedMessage]], delay_ms: int) -> None:
         later = now_ms() + delay_ms
@@ -203,6 +205,7 @@ class RetryDriver:
                 item = again.get(key)
                 if item is not None:  # some endpoint still to reach, or still retrying
                     if item.state.attempts != message.state.attempts or item.state.targets != message.state.targets:
+                        self._tried.add((subscription_id, *key))
                         outcome.parked.append(item)
                         if key in registry:
                             registry[key] = ParkedMessage(item.record, item.state, registry[key].kafka_topic)
@@ -235,7 +238,8 @@ class RetryDriver:
         plan = TaskPlan(topic="", lanes=lanes,
                         budget_s=settings.streaming.batch_deadline_s,
                         park_after_s=settings.streaming.park_after_s, transport=settings.delivery.transport,
-                        max_open=settings.delivery.maxOpenRequests)
+                        max_open=settings.delivery.maxOpenRequests, control_url=context.control_url,
+                        control_poll_s=settings.streaming.config_poll_s)
         started = time.monotonic()
         report = TaskSender(plan, stop=self._stop.is_set).run([InputBatch(rows)])
         batch_id = next(self._rounds)

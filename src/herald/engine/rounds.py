@@ -24,6 +24,7 @@ from herald.storage.tables import (
     OFFSETS,
     OFFSETS_SCHEMA,
     HELD,
+    MOVED,
     PARKED,
     RETRIES,
     RETRIES_SCHEMA,
@@ -44,8 +45,9 @@ class SubscriptionOutcome:
     """One subscription in one round.
 
     positions: partition -> its position after the round (only the partitions the round moved or kept).
-    resolved: for a retry round, parked messages that reached an end: (partition, offset) -> DELIVERED or
-        DISCARDED; those still unfinished are in `parked` again.
+    resolved: messages whose retry state (parked, or carried behind the position) reached an end:
+        (partition, offset) -> (record, DELIVERED or DISCARDED); a retry round's unfinished ones are in `parked`
+        again.
     lost: (partition, first, end) of each range of offsets [first, end) its round covered that Kafka had
         deleted (retention) before it was read: neither delivered nor discarded, and recorded as LOST.
     """
@@ -155,6 +157,19 @@ def retry_row(subscription: Subscription, record: Record, state: RetryState | No
     }
 
 
+def released_rows(subscription: Subscription, keys, status: str, now_ms: int, writer: str,
+                  batch_id: int) -> list[dict]:
+    """Terminal retries rows (DELIVERED, DISCARDED or MOVED) for carried states that ended: (partition, offset)
+    `keys`. Without them a HELD row would stay a message's newest and be carried again after a restart."""
+    return [retry_row(subscription, stub(partition, offset), None, status, now_ms, writer, batch_id)
+            for partition, offset in sorted(keys)]
+
+
+def stub(partition: int, offset: int) -> Record:
+    """A record that only says where a message is (for rows about a state, not about its content)."""
+    return Record(partition=partition, offset=offset, timestamp_ms=0, message_id=None, body=None)
+
+
 def state_of_row(row: dict) -> RetryState:
     """The retry state a retries-table row holds."""
     return RetryState(attempts=row["attempts"] or 0, first_read_ms=epoch_ms(row["first_read_at"]) or 0,
@@ -175,9 +190,8 @@ def _retries(result: RoundResult, now_ms: int) -> pa.Table:
             rows.append(retry_row(outcome.subscription, item.record, item.state, PARKED, now_ms, result.writer,
                                   result.batch_id))
         for item in outcome.carried:  # the state a later run continues from, should this one stop
-            stub = Record(partition=item.partition, offset=item.offset, timestamp_ms=0, message_id=None, body=None)
-            rows.append(retry_row(outcome.subscription, stub, item.state, HELD, now_ms, result.writer,
-                                  result.batch_id))
+            rows.append(retry_row(outcome.subscription, stub(item.partition, item.offset), item.state, HELD, now_ms,
+                                  result.writer, result.batch_id))
     return pa.Table.from_pylist(rows, schema=RETRIES_SCHEMA)
 
 
@@ -219,3 +233,9 @@ def position_rows(subscription_id: str, kafka_topic: str, positions: dict[int, i
              "batch_id": batch_id, "committed_at": now, "writer": writer}
             for partition, offset in sorted(positions.items())]
     return pa.Table.from_pylist(rows, schema=OFFSETS_SCHEMA)
+
+
+def moved_rows(subscription: Subscription, keys, now_ms: int, writer: str, batch_id: int) -> pa.Table:
+    """MOVED rows for the carried states a retransmission dropped."""
+    return pa.Table.from_pylist(released_rows(subscription, keys, MOVED, now_ms, writer, batch_id),
+                                schema=RETRIES_SCHEMA)

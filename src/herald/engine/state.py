@@ -34,6 +34,8 @@ class SubscriptionState:
     catching_up: behind the topic's shared query: its own rounds deliver it until it reaches the query.
     busy: a round is delivering it now.
     pending_move: an operator's move (retransmission) to apply once that round is over.
+    idle: its last catch-up round could do nothing (a held message's retry not due, an open batch not full): no
+        round runs for it until the shared query's position moves past that frontier or that time comes.
     """
 
     subscription: Subscription
@@ -45,6 +47,7 @@ class SubscriptionState:
     busy: bool = False
     last_served_s: float = 0.0
     pending_move: object = None  # a herald.engine.moves.Move asked for while a round delivered it
+    idle: tuple[dict[int, int], int] | None = None  # (frontier, epoch ms): its last catch-up round moved nothing
 
     @property
     def id(self) -> str:
@@ -95,14 +98,14 @@ class StateBook:
 
     def state_for(self, subscription: Subscription, kafka_topic: str, marks: Mapping[int, tuple[int, int]],
                   since_ms: int | None = None, offsets_for_time=None) -> SubscriptionState:
-        """The state `subscription` continues from in `kafka_topic`, whose partitions have `marks` (low, high).
+        """The state `subscription` continues from in `kafka_topic`, whose partitions have `marks` (low, high);
+        a resting state stays here until it is `joined` (a start that fails part-way leaves it where it was).
 
         since_ms / offsets_for_time: a `latest` subscription with no position yet whose start was delayed (its
         topic could not start when it was first seen, at `since_ms`) starts at the first messages published
         since then: `offsets_for_time(since_ms)` gives partition -> offset."""
         resting = self._resting.get(subscription.id)
         if resting is not None and resting.kafka_topic == kafka_topic:
-            del self._resting[subscription.id]
             resting.subscription = subscription
             for partition in marks:
                 resting.positions.setdefault(partition, 0)  # a partition added since: from its start
@@ -110,8 +113,6 @@ class StateBook:
         if resting is not None:
             log.warning("%s: its topic now reads Kafka topic %s instead of %s; its positions there are its own (or "
                         "its startingOffsets)", subscription.id, kafka_topic, resting.kafka_topic)
-            self.rest(resting)  # keeps the old topic's positions, should it come back
-            del self._resting[subscription.id]
         positions = dict(self._stored.get((subscription.id, kafka_topic), {}))
         carried = {}
         if positions:
@@ -133,6 +134,13 @@ class StateBook:
             positions.setdefault(partition, 0)  # a partition added since: from its start
         return SubscriptionState(subscription, kafka_topic=kafka_topic, positions=positions, carried=carried)
 
+    def joined(self, state: SubscriptionState) -> None:
+        """`state` (from `state_for`) is being delivered now: it no longer rests here."""
+        resting = self._resting.get(state.id)
+        if resting is not None and resting is not state:
+            self._stored[(resting.id, resting.kafka_topic)] = dict(resting.positions)  # should it go back there
+        self._resting.pop(state.id, None)
+
     def rest(self, state: SubscriptionState) -> None:
         """A subscription stops being delivered (suspended, removed, or its topic stopped): its state waits here,
         and its positions are what it continues from in that Kafka topic."""
@@ -143,12 +151,15 @@ class StateBook:
     def resting(self, subscription_id: str) -> SubscriptionState | None:
         return self._resting.get(subscription_id)
 
-    def moved(self, subscription_id: str, kafka_topic: str, to_offsets: Mapping[int, int]) -> None:
-        """An operator moved a subscription that is not being delivered (`herald retransmit`)."""
+    def moved(self, subscription_id: str, kafka_topic: str, to_offsets: Mapping[int, int]) -> set[tuple[int, int]]:
+        """An operator moved a subscription that is not being delivered (`herald retransmit`); returns the
+        (partition, offset) of the carried states the move dropped (their messages are read again as new)."""
+        dropped = set(self._held.pop(subscription_id, {}))
         resting = self._resting.get(subscription_id)
         if resting is not None and resting.kafka_topic == kafka_topic:
             resting.positions.update(to_offsets)
+            dropped |= set(resting.carried)
             resting.carried = {}
         key = (subscription_id, kafka_topic)
         self._stored[key] = {**self._stored.get(key, {}), **to_offsets}
-        self._held.pop(subscription_id, None)
+        return dropped

@@ -29,13 +29,13 @@ from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
 from herald.engine.positions import behind, lost_ranges, unread_starts
 from herald.engine.projection import project
-from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub, table_rows
 from herald.engine.state import SubscriptionState
 from herald.engine.supervision import short_error
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import open_kafka_stream
 from herald.storage import Slice
-from herald.storage.tables import OFFSETS
+from herald.storage.tables import DELIVERED, DISCARDED
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class TopicPipeline:
         self.states: dict[str, SubscriptionState] = {state.id: state for state in states}
         self.frontier: dict[int, int] | None = None  # where the shared query is: the end of its last batch
         self.batch_in_progress = False
-        self._moved: list = []  # moves applied, whose positions are written after the round's rows
+        self._moved: list = []  # (move, subscription, carried keys it dropped): written after the round's rows
         self.query = None
         self.checkpoint = checkpoint_location(context.config.storage_path, self.kafka_topic)
         self._first_start: dict[int, int] | None = None
@@ -63,6 +63,7 @@ class TopicPipeline:
         self.catchup = None  # herald.engine.catchup.CatchUp, set by the runner
         self.start_error: str | None = None  # why the query could not start (the runner starts it again)
         self.healthy = False  # the query completed a micro-batch since it (re)started
+        self.stopping = False  # the job is stopping: a micro-batch that starts now delivers nothing
 
     # -- subscriptions ----------------------------------------------------------------------------------------
     @property
@@ -98,18 +99,20 @@ class TopicPipeline:
         """(lock held) The state moves; its retry states are dropped (the messages are delivered again as new),
         and it catches up when the move put it behind the query. Its rows are written by `flush_moves`."""
         state.positions.update(move.to_offsets)
-        state.carried = {}
+        dropped, state.carried = set(state.carried), {}
         state.pending_move = None
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
-        self._moved.append(move)
+        self._moved.append((move, state.subscription, dropped))
         log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
 
     def flush_moves(self) -> None:
-        """Write the positions of the moves applied since the last call, after the rounds' own rows."""
+        """Write the positions of the moves applied since the last call, after the rounds' own rows, and mark
+        the moves applied."""
         with self.lock:
             moved, self._moved = self._moved, []
-        for move in moved:
-            self.context.writer.submit(Slice(move.writer, move.move_id), [(OFFSETS, moves.position_rows(move))])
+        for move, subscription, dropped in moved:
+            self.context.writer.submit(Slice(move.writer, move.move_id), moves.applied_tables(
+                move, moved_rows(subscription, dropped, stamp_ms(), move.writer, move.move_id)))
         if moved and self.catchup is not None:
             self.catchup.wake()
 
@@ -159,6 +162,7 @@ class TopicPipeline:
         """Start the query again from its checkpoint, after it failed. Its first micro-batch may replay the one
         that failed, which then replaces whatever that one wrote."""
         self.stop()
+        self.stopping = False
         self.start_error = None
         self.healthy = False
         self._replay_possible = True
@@ -191,6 +195,9 @@ class TopicPipeline:
     def handle_batch(self, batch_df, batch_id: int) -> None:
         """`foreachBatch`: deliver the micro-batch to the subscriptions at the query's position."""
         self._started.wait()
+        if self.stopping:  # its rows stay behind every position: the next run (or catch-up) reads them again
+            log.info("%s batch %d: not delivered, the job is stopping", self.kafka_topic, batch_id)
+            return
         context = self.context
         ranges = checkpoints.batch_ranges(context.spark, self.checkpoint, batch_id, self.kafka_topic,
                                           self._first_start)
@@ -283,6 +290,8 @@ class TopicPipeline:
             transport=settings.delivery.transport,
             max_open=settings.delivery.maxOpenRequests,
             flush_batches=self.context.once,
+            control_url=self.context.control_url,
+            control_poll_s=settings.streaming.config_poll_s,
         )
 
     def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> None:
@@ -299,9 +308,13 @@ class TopicPipeline:
             state.flow = result.flow_state
             for partition, offset in result.positions.items():
                 state.positions[partition] = max(state.positions.get(partition, offset), offset)
+            before = set(state.carried)
             for item in result.carried:
                 state.carried[(item.partition, item.offset)] = item.state
             state.carried = state.live_carried()
+            discarded = {(item.partition, item.offset) for item in result.discarded}
+            for key in before - set(state.carried):  # passed by the position: it ended (a terminal row)
+                result.resolved[key] = (stub(*key), DISCARDED if key in discarded else DELIVERED)
         for participant in participants:  # a move asked for during the round supersedes its positions
             if participant.state.pending_move is not None:
                 self._move(participant.state, participant.state.pending_move)
@@ -320,6 +333,7 @@ class TopicPipeline:
         self.context.recorded(result, duration_s)
 
     def stop(self) -> None:
+        self.stopping = True
         if self.query is not None and self.query.isActive:
             self.query.stop()
 

@@ -4,8 +4,9 @@ subscriptions and topics within `streaming.configPollMs`, without a restart.
 The watcher polls a cheap fingerprint of the conf directory (paths, sizes, modification times) and reloads it
 leniently when it changes: a file with an error is logged with its file and key, and the job keeps the last
 valid version of that file's subscription (or topic) and never stops because of it. The runner applies the
-difference (`Runner.apply`). Changes to herald.yaml's kafka, storage and spark sections need a restart (said
-in the log); the other settings apply to the next round.
+difference (`Runner.apply`), all of it or (when Kafka cannot be asked) nothing, and then tries again at every
+poll until it applies. Changes to herald.yaml's kafka, storage and spark sections need a restart (said in the
+log); the other settings apply to the next round.
 """
 
 from __future__ import annotations
@@ -44,17 +45,23 @@ class ConfWatcher:
         self._kept = {Path(config.files[subscription.id]): subscription for subscription in config.subscriptions}
 
     def _run(self) -> None:
+        failing = None
         while not self._stop.wait(self.poll_s):
             try:
                 fingerprint = conf_fingerprint(self.conf_dir)
                 if fingerprint != self._fingerprint:
-                    self._fingerprint = fingerprint
                     self.reload()
-            except Exception:  # noqa: BLE001 - the job keeps running on the last valid configuration
-                log.exception("configuration reload failed; keeping the configuration in force")
+                    self._fingerprint = fingerprint  # only once applied: a change that failed is tried again
+                    failing = None
+            except Exception as error:  # noqa: BLE001 - the job keeps running on the configuration in force
+                if str(error) != failing:
+                    log.exception("applying the configuration change failed; the configuration in force stays, "
+                                  "and the change is tried again every %.1f s", self.poll_s)
+                failing = str(error)
 
     def reload(self) -> HeraldConfig:
-        """Load the directory again and apply it, keeping the last valid version of files with errors."""
+        """Load the directory again and apply it, keeping the last valid version of files with errors. When
+        applying raises, nothing is remembered: the next call applies the change again."""
         result = load_config_lenient(self.conf_dir)
         config = result.config
         for problem in result.problems:
@@ -68,7 +75,7 @@ class ConfWatcher:
         topics = {s.topicName: previous.topics[s.topicName] for s in kept.values()
                   if s.topicName not in config.topics and s.topicName in previous.topics}
         config = config.with_subscriptions(kept, topics=topics, schemas=previous.schemas)
+        self.apply(config)
         self._remember(config)
         self._config = config
-        self.apply(config)
         return config

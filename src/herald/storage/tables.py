@@ -18,6 +18,7 @@ METRICS = "metrics"
 RETRIES = "retries"
 RETRANSMISSIONS = "retransmissions"
 TRACKING = "tracking"
+LEASES = "leases"
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -90,7 +91,8 @@ RETRIES_SCHEMA = pa.schema([
     ("offset", pa.int64()),
     ("message_id", pa.string()),
     # PARKED (re-driven when due) | HELD (behind its subscription's position, which stops at it: its state is
-    # where catch-up continues) | DELIVERED | DISCARDED: the newest row of a message is where it stands
+    # where catch-up continues) | DELIVERED | DISCARDED | MOVED (a HELD state dropped by a retransmission: the
+    # message is read again as new): the newest row of a message is where it stands
     ("state", pa.string()),
     ("message", pa.string()),  # the message as text, for people
     ("body", pa.binary()),  # PARKED rows: the message's exact bytes, to send
@@ -124,6 +126,19 @@ RETRANSMISSIONS_SCHEMA = pa.schema([
     ("recorded_at", _TIMESTAMP),
     ("batch_id", pa.int64()),  # the move's id: epoch ms when it was asked
     ("writer", pa.string()),
+    ("applied_at", _TIMESTAMP),  # when a job moved the subscription there (null: not yet, the next job does)
+])
+
+LEASES_SCHEMA = pa.schema([  # one row per job that took the storage path's lease (herald.storage.lease)
+    ("holder", pa.string()),  # host:pid:run id
+    ("host", pa.string()),
+    ("pid", pa.int64()),
+    ("acquired_at", _TIMESTAMP),
+    ("renewed_at", _TIMESTAMP),
+    ("expires_at", _TIMESTAMP),  # renewed every 10 s while the job runs
+    ("released", pa.bool_()),  # the job ended and gave it back
+    ("writer", pa.string()),
+    ("batch_id", pa.int64()),
 ])
 
 TRACKING_SCHEMA = pa.schema([  # Hermes' message tracking (its fields, in this project's column style)
@@ -142,9 +157,10 @@ TRACKING_SCHEMA = pa.schema([  # Hermes' message tracking (its fields, in this p
 ])
 
 SCHEMAS = {UNDELIVERED: UNDELIVERED_SCHEMA, OFFSETS: OFFSETS_SCHEMA, METRICS: METRICS_SCHEMA,
-           RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA, TRACKING: TRACKING_SCHEMA}
+           RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA, TRACKING: TRACKING_SCHEMA,
+           LEASES: LEASES_SCHEMA}
 
-PARKED, HELD, DELIVERED, DISCARDED = "PARKED", "HELD", "DELIVERED", "DISCARDED"
+PARKED, HELD, DELIVERED, DISCARDED, MOVED = "PARKED", "HELD", "DELIVERED", "DISCARDED", "MOVED"
 
 
 def at_ms(epoch_ms: int | None) -> dt.datetime | None:

@@ -1,0 +1,180 @@
+"""One `herald run` per storage path: a lease, held in the `leases` Delta table beside the other tables.
+
+Two jobs on the same conf and storage (a retried cluster job, a second notebook) would replace each other's
+rounds, both re-drive every parked message, and roll each other's positions back. So a job takes the lease
+before it delivers anything, and a second job exits at once saying who holds it.
+
+Each holder writes its own row (slice `lease:<holder>`): who it is (host, process id, run id), when it took the
+lease, and until when it holds it (`expires_at`, renewed every `renew_s`). A lease is live while it has not
+expired and has not been released. Taking it: read the live leases; if another holder's is live, refuse; else
+write one's own row, wait `settle_s` (long enough for a concurrent starter's row to be written), and read again:
+of the live leases, the one taken first (earliest `acquired_at`, then holder) wins, and everyone reading the
+same rows picks the same one. Every renewal checks again, so two jobs that raced past each other (a commit
+slower than `settle_s`, clocks apart) find out within one renewal and the later one stops. A lease whose holder
+was on this host and whose process is gone (kill -9) is stale at once; one from elsewhere ends at `expires_at`.
+
+Times are epoch milliseconds unless named `_s` (seconds).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from herald.storage.store import Slice, TableStore
+from herald.storage.tables import LEASES, LEASES_SCHEMA, at_ms, epoch_ms
+
+log = logging.getLogger(__name__)
+
+TTL_S = 30.0
+RENEW_S = 10.0
+SETTLE_S = 2.0
+
+
+class LeaseHeld(RuntimeError):
+    """Another job holds the storage path's lease; the message names it."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A lease holder as its row says: who, and since / until when (epoch ms)."""
+
+    holder: str
+    host: str
+    pid: int
+    acquired_ms: int
+    expires_ms: int
+    released: bool
+
+    def shown(self) -> str:
+        until = dt.datetime.fromtimestamp(self.expires_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+        since = dt.datetime.fromtimestamp(self.acquired_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+        return f"process {self.pid} on {self.host} (run {self.holder.rsplit(':', 1)[-1]}, since {since}, lease " \
+               f"until {until} unless renewed)"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class StorageLease:
+    """The lease of one storage path for this process. `acquire()` raises LeaseHeld; then `start()` renews it on
+    a thread and calls `on_lost(reason)` if it is lost; `release()` ends it."""
+
+    def __init__(self, store: TableStore, on_lost: Callable[[str], None] = lambda reason: None,
+                 ttl_s: float = TTL_S, renew_s: float = RENEW_S, settle_s: float = SETTLE_S,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 alive: Callable[[int], bool] = _process_alive) -> None:
+        self.store = store
+        self.on_lost = on_lost
+        self.ttl_s, self.renew_s, self.settle_s = ttl_s, renew_s, settle_s
+        self.clock_ms = clock_ms
+        self.alive = alive
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.holder = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
+        self._acquired_ms = 0
+        self._renewed_ms = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the table ----------------------------------------------------------------------------------------------
+    def _live(self) -> list[Holder]:
+        now = self.clock_ms()
+        holders = []
+        for row in self.store.read(LEASES).to_pylist():
+            holder = Holder(row["holder"], row["host"], row["pid"], epoch_ms(row["acquired_at"]),
+                            epoch_ms(row["expires_at"]), bool(row["released"]))
+            if holder.released or holder.expires_ms <= now:
+                continue
+            if holder.holder != self.holder and holder.host == self.host and not self.alive(holder.pid):
+                continue  # its process is gone (kill -9): stale
+            holders.append(holder)
+        return holders
+
+    def _write(self, expires_ms: int, released: bool = False) -> None:
+        row = {"holder": self.holder, "host": self.host, "pid": self.pid, "acquired_at": at_ms(self._acquired_ms),
+               "renewed_at": at_ms(self.clock_ms()), "expires_at": at_ms(expires_ms), "released": released,
+               "writer": f"lease:{self.holder}", "batch_id": 0}
+        self.store.replace(LEASES, pa.Table.from_pylist([row], schema=LEASES_SCHEMA),
+                           Slice(f"lease:{self.holder}", 0))
+
+    def _winner(self) -> Holder | None:
+        live = self._live()
+        return min(live, key=lambda h: (h.acquired_ms, h.holder)) if live else None
+
+    # -- taking, keeping and giving it back ---------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the lease, or raise LeaseHeld naming the job that holds it."""
+        others = [h for h in self._live() if h.holder != self.holder]
+        if others:
+            raise LeaseHeld(_held_message(self.store, min(others, key=lambda h: (h.acquired_ms, h.holder))))
+        self._acquired_ms = self.clock_ms()
+        self._write(self._acquired_ms + int(self.ttl_s * 1000))
+        self._renewed_ms = self._acquired_ms
+        time.sleep(self.settle_s)
+        winner = self._winner()
+        if winner is not None and winner.holder != self.holder:
+            self._write(self.clock_ms(), released=True)
+            raise LeaseHeld(_held_message(self.store, winner))
+        log.info("holding the lease of %s (%s)", self.store.root, self.holder)
+
+    def start(self) -> None:
+        """Renew the lease every `renew_s` seconds until `release`."""
+        self._thread = threading.Thread(target=self._run, name="herald-lease", daemon=True)
+        self._thread.start()
+
+    def renew(self) -> None:
+        """Extend the lease, after checking it is still this job's; calls `on_lost` when it is not."""
+        winner = self._winner()
+        if winner is not None and winner.holder != self.holder:
+            self._stop.set()
+            self.on_lost(f"another job took the lease: {winner.shown()}")
+            return
+        self._write(self.clock_ms() + int(self.ttl_s * 1000))
+        self._renewed_ms = self.clock_ms()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.renew_s):
+            try:
+                self.renew()
+            except Exception as error:  # noqa: BLE001 - storage may come back before the lease expires
+                overdue_s = (self.clock_ms() - self._renewed_ms) / 1000
+                if overdue_s >= self.ttl_s:
+                    self._stop.set()
+                    self.on_lost(f"the lease could not be renewed for {overdue_s:.0f} s ({error}); another job "
+                                 "may have taken it")
+                    return
+                log.warning("renewing the lease failed (%.0f s of %.0f left): %s", self.ttl_s - overdue_s,
+                            self.ttl_s, error)
+
+    def release(self) -> None:
+        """Stop renewing and give the lease back (a next job may start at once)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._acquired_ms:
+            try:
+                self._write(self.clock_ms(), released=True)
+            except Exception as error:  # noqa: BLE001 - it expires by itself
+                log.warning("giving the lease back failed (it expires in %.0f s): %s", self.ttl_s, error)
+
+
+def _held_message(store: TableStore, holder: Holder) -> str:
+    return (f"another herald run holds the storage path {store.root.rsplit('/tables', 1)[0]}: {holder.shown()}. "
+            "Only one job may deliver from a storage path; stop that one, or wait for its lease to end")

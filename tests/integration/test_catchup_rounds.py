@@ -1,0 +1,64 @@
+"""Catch-up waits for what can change a round's outcome instead of re-running it (issue: nothing lost, nothing
+stuck). Real broker, Spark, HTTP subscribers and Delta tables; rounds are counted from the metrics table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import Producer
+
+from herald.storage import DeltaRsStore
+from herald.storage.tables import METRICS
+from tests.support.herald_env import produce, wait_until, write_conf
+from tests.support.running import RunningHerald
+from tests.support.subscriber import ScriptedSubscriber
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+def _catchup_rounds(tmp_path, subscription_id: str) -> int:
+    rows = DeltaRsStore(str(tmp_path / "storage")).read(METRICS, subscription_id).to_pylist()
+    return sum(1 for row in rows if row["kind"] == "catchup")
+
+
+def test_an_ordered_subscription_held_at_a_retry_waits_for_it_instead_of_rerunning_rounds(
+        broker, spark, topic_name, tmp_path):
+    """inflightSize 1 over two partitions: a message of partition 0 answered 503 with Retry-After 12 s takes the
+    only slot, so partition 1 cannot move either. Catch-up runs a round, finds nothing to do, and waits for the
+    retry's due time (one round a second before, each ending after parkAfterMs with nothing done)."""
+    broker.create_topics({topic_name: 2})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce(topic_name, json.dumps({"i": 0, "replies": [[503, {"Retry-After": "12"}], [200]]}).encode(),
+                     partition=0)
+    for i in range(1, 4):
+        producer.produce(topic_name, json.dumps({"i": i}).encode(), partition=1)
+    assert producer.flush(10) == 0
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {
+            "endpoint": sub.url, "subscriptionPolicy": {"inflightSize": 1}}})
+        with RunningHerald(conf, spark):
+            assert wait_until(lambda: sorted(r.json()["i"] for r in sub.requests) == [0, 0, 1, 2, 3], 90)
+    first, second = [r for r in sub.requests if r.json()["i"] == 0]
+    assert second.at - first.at >= 11.9, "Retry-After honoured"
+    assert [r.json()["i"] for r in sub.requests][1:] == [0, 1, 2, 3], "nothing passed the held message"
+    rounds = _catchup_rounds(tmp_path, f"{topic_name}.s")
+    assert rounds <= 3
+
+
+def test_an_open_batch_that_few_messages_match_waits_for_its_batch_time_or_new_records(
+        broker, spark, topic_name, tmp_path):
+    """BATCH, batchSize 5: 2 of 40 records pass the filter, so the batch stays open until its batchTime (6 s).
+    Catch-up reads the range once and waits, instead of reading it again back to back until then."""
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i, "kind": "hit" if i in (5, 30) else "miss"}
+                                                   for i in range(40)])
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {
+            "endpoint": sub.url, "deliveryType": "BATCH",
+            "filters": [{"type": "jsonpath", "path": "$.kind", "matcher": "hit"}],
+            "subscriptionPolicy": {"batchSize": 5, "batchTime": 6000}}})
+        with RunningHerald(conf, spark):
+            assert wait_until(lambda: len(sub.requests) == 1, 90)
+    assert [item["i"] for item in sub.requests[0].json()] == [5, 30]
+    assert _catchup_rounds(tmp_path, f"{topic_name}.s") <= 4

@@ -1,0 +1,103 @@
+"""One job per storage path: the lease in the `leases` Delta table (real tables with delta-rs; the last test runs
+a second `herald run` beside a running one)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from herald.storage import DeltaRsStore
+from herald.storage.lease import LeaseHeld, StorageLease
+from tests.support.herald_env import produce, wait_until, write_conf
+from tests.support.running import RunningHerald
+from tests.support.subscriber import ScriptedSubscriber
+
+
+def _lease(store, **overrides) -> StorageLease:
+    return StorageLease(store, **{"settle_s": 0.2, **overrides})
+
+
+def test_a_second_job_is_refused_at_once_and_told_who_holds_the_lease(tmp_path):
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    first, second = _lease(store), _lease(store)
+    first.acquire()
+    with pytest.raises(LeaseHeld) as refused:
+        second.acquire()
+    message = str(refused.value)
+    assert f"process {first.pid} on {first.host}" in message and first.holder.rsplit(":", 1)[-1] in message
+    first.release()
+    second.acquire()  # given back: the next job starts at once
+    second.release()
+
+
+def test_a_lease_ends_when_it_expires_or_its_process_on_this_host_is_gone(tmp_path):
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    now = [1_000_000_000_000]
+    gone = _lease(store, ttl_s=30, clock_ms=lambda: now[0], alive=lambda pid: True)
+    gone.acquire()
+    with pytest.raises(LeaseHeld):
+        _lease(store, clock_ms=lambda: now[0], alive=lambda pid: True).acquire()
+    _lease(store, clock_ms=lambda: now[0], alive=lambda pid: False).acquire()  # kill -9 on this host: stale
+
+    store2 = DeltaRsStore(str(tmp_path / "storage2"))
+    elsewhere = _lease(store2, ttl_s=30, clock_ms=lambda: now[0])
+    elsewhere.acquire()
+    now[0] += 31_000  # not renewed for longer than its time to live
+    _lease(store2, clock_ms=lambda: now[0], alive=lambda pid: True).acquire()
+
+
+def test_two_jobs_starting_together_end_with_exactly_one_holder(tmp_path):
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    leases = [_lease(store, settle_s=1.0) for _ in range(2)]
+    results: dict[int, str] = {}
+
+    def take(index: int) -> None:
+        try:
+            leases[index].acquire()
+            results[index] = "holds"
+        except LeaseHeld:
+            results[index] = "refused"
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results.values()) == ["holds", "refused"]
+
+
+def test_a_job_that_finds_another_holder_at_renewal_stops(tmp_path):
+    """Two jobs raced past each other (a commit slower than the settle time): the next renewal tells the later
+    one, which stops."""
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    lost: list[str] = []
+    early = _lease(store)
+    early.acquire()
+    late = _lease(store, on_lost=lost.append)
+    late._acquired_ms = late.clock_ms()  # as if its check had run before the early one's row was written
+    late._write(late._acquired_ms + 30_000)
+    late.renew()
+    assert lost and "another job took the lease" in lost[0]
+    early.renew()  # the early one keeps it
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_second_herald_run_on_the_same_storage_exits_at_once_naming_the_first(broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {"endpoint": sub.url}})
+        produce(broker.bootstrap_servers, topic_name, [{"i": 0}])
+        with RunningHerald(conf, spark) as running:
+            assert wait_until(lambda: len(sub.requests) == 1, 60)
+            second = subprocess.run([sys.executable, "-m", "herald", "run", "--conf", str(conf)], capture_output=True,
+                                    text=True, timeout=300)
+            holder = running.runner.lease
+        assert running.exit_code == 0
+    assert second.returncode == 1
+    assert f"process {holder.pid} on {holder.host}" in second.stdout
+    assert "Traceback" not in second.stdout + second.stderr
+    assert len(sub.requests) == 1, "the second job delivered nothing"
