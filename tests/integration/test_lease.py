@@ -17,7 +17,7 @@ from tests.support.subscriber import ScriptedSubscriber
 
 
 def _lease(store, **overrides) -> StorageLease:
-    return StorageLease(store, **{"settle_s": 0.2, **overrides})
+    return StorageLease(store, **overrides)
 
 
 def test_a_second_job_is_refused_at_once_and_told_who_holds_the_lease(tmp_path):
@@ -51,7 +51,7 @@ def test_a_lease_ends_when_it_expires_or_its_process_on_this_host_is_gone(tmp_pa
 
 def test_two_jobs_starting_together_end_with_exactly_one_holder(tmp_path):
     store = DeltaRsStore(str(tmp_path / "storage"))
-    leases = [_lease(store, settle_s=1.0) for _ in range(2)]
+    leases = [_lease(store, settle_s=0.0) for _ in range(2)]
     results: dict[int, str] = {}
 
     def take(index: int) -> None:

@@ -147,3 +147,63 @@ def test_once_ends_while_a_subscriber_fails_everything_and_costs_a_row_per_messa
             time.sleep(0.2)  # every parked message is due before the next run
     attempts = len(sub.requests)
     assert attempts >= 40 * 3, "each run tried every message at least once"
+
+
+def test_a_carried_state_the_position_passes_ends_with_what_really_happened_to_it(tmp_path):
+    """A message carried behind the position (HELD) is passed by the next round's position: its terminal row
+    says DELIVERED only when the lane delivered it, DISCARDED when it gave it up, nothing when it was parked
+    (its PARKED row is its state), and RELEASED when the round never attempted it (its filter no longer passes
+    it, Kafka deleted it)."""
+    from herald.delivery.report import DISCARDED as DISCARDED_STEP, SUCCESS
+    from herald.engine.fanout import Participant
+    from herald.engine.planner import lane_plan
+    from herald.engine.rounds import SubscriptionOutcome
+    from herald.engine.state import SubscriptionState
+    from herald.engine.topic import TopicPipeline
+
+    with ScriptedSubscriber() as sub:
+        driver, subscription = _driver(tmp_path, sub.url)
+        context = driver.context
+        context.retries = driver
+        now = now_ms()
+        held = RetryState(attempts=2, first_read_ms=now, due_ms=now)
+        state = SubscriptionState(subscription, positions={0: 1}, carried={(0, k): held for k in (1, 2, 3, 4)})
+        pipeline = TopicPipeline(context, context.config.topic_of(subscription), [state])
+        record = Record(partition=0, offset=3, timestamp_ms=now, message_id="m3", body=b"{}")
+        outcome = SubscriptionOutcome(subscription, positions={0: 5}, parked=[Parked(record, held)],
+                                      ended_carried=[(0, 1, SUCCESS), (0, 2, DISCARDED_STEP)])
+        pipeline.apply([Participant(0, state, lane_plan(state, context.flow_settings, 0))], [outcome])
+        context.writer.close()
+    assert {key: status for key, (_, status) in outcome.resolved.items()} == {
+        (0, 1): "DELIVERED", (0, 2): "DISCARDED", (0, 4): "RELEASED"}, "(0, 3) was parked: its PARKED row stands"
+    assert state.carried == {}
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_replayed_micro_batch_recorded_before_the_crash_keeps_its_parked_and_undelivered_rows(
+        broker, spark, topic_name, tmp_path):
+    """A crash after a micro-batch's rows were written and before Spark committed it (simulated: its commit file
+    removed) makes the next run replay it. Its subscriptions are already past it, so the replay must not replace
+    the batch's rows with an empty round's: the undelivered row and the PARKED row stay, nothing is sent twice."""
+    import os
+
+    from herald.storage.tables import UNDELIVERED
+
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": 0, "replies": [[400]]}, {"i": 1, "replies": [[500]]},
+                                                   {"i": 2}])
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"s": {
+            "endpoint": sub.url, "subscriptionPolicy": {"messageBackoff": 60000}}},
+            settings={"streaming": {"parkAfterMs": 200}})
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        commits = tmp_path / "storage" / "checkpoints" / "topics" / topic_name / "commits"
+        last = max(int(name) for name in os.listdir(commits) if name.isdigit())
+        (commits / str(last)).unlink()
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    assert sorted(r.json()["i"] for r in sub.requests) == [0, 1, 2], "nothing sent twice"
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    assert [row["offset"] for row in store.read(UNDELIVERED).to_pylist()] == [0]
+    newest = store.latest(RETRIES, ("subscription", "partition", "offset"), "recorded_at DESC, batch_id DESC")
+    assert [(row["offset"], row["state"]) for row in newest.to_pylist()] == [(1, "PARKED")]

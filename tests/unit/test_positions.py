@@ -128,15 +128,18 @@ def test_a_partition_added_to_the_topic_is_read_from_its_start_and_never_skipped
     assert advance({0: 5, 1: 0}, ranges, reports, 0) == {0: 8, 1: 12}
 
 
-def test_a_range_read_from_above_its_start_is_lost_only_below_kafkas_low_watermark():
-    from herald.engine.positions import lost_ranges, unread_starts
+def test_a_range_read_from_above_its_start_or_with_a_hole_is_lost_only_below_kafkas_low_watermark():
+    from herald.engine.positions import lost_ranges, unread_ranges
 
-    ranges = {0: (5, 15), 1: (0, 4), 2: (3, 9), 3: (2, 2)}
-    reports = [TaskReport("t1", progress={0: 15}, firsts={0: 10}), TaskReport("t2", progress={2: 9}, firsts={2: 3})]
-    unread = unread_starts(ranges, reports)
-    assert unread == {0: (5, 10), 1: (0, 4)}, "partition 1 had rows to read and no task read any"
-    # below the low watermark: deleted; above it: offsets Kafka holds no record at (markers, compaction)
-    assert lost_ranges(unread, {0: 8, 1: 4, 2: 0}) == {0: (5, 8), 1: (0, 4)}
-    assert lost_ranges(unread, {0: 5, 1: 0}) == {}
+    ranges = {0: (5, 15), 1: (0, 4), 2: (3, 9), 3: (2, 2), 4: (0, 20)}
+    reports = [TaskReport("t1", progress={0: 15}, firsts={0: 10}),
+               TaskReport("t2", progress={2: 9, 4: 20}, firsts={2: 3, 4: 0}, gaps={2: [(5, 6)], 4: [(3, 12)]})]
+    unread = unread_ranges(ranges, reports)
+    assert unread == [(0, 5, 10), (1, 0, 4), (2, 5, 6), (4, 3, 12)], "partition 1: rows to read and none read"
+    # below the low watermark: deleted (a read that jumped over a deletion, partition 4, too); above it: offsets
+    # Kafka holds no record at (transaction markers, compaction)
+    assert lost_ranges(unread, {0: 8, 1: 4, 2: 0, 4: 12}) == [(0, 5, 8), (1, 0, 4), (4, 3, 12)]
+    assert lost_ranges(unread, {0: 5, 1: 0, 4: 3}) == []
+    assert lost_ranges([(0, 0, 4), (0, 4, 9)], {0: 9}) == [(0, 0, 9)], "adjacent ranges are one"
     cut_short = [TaskReport("t1", progress={0: 12}, exhausted=False, firsts={0: 5})]
-    assert unread_starts(ranges, cut_short) == {}, "a partition no task reached while one was cut is not known"
+    assert unread_ranges(ranges, cut_short) == [], "a partition no task reached while one was cut is not known"

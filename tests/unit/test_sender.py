@@ -275,6 +275,10 @@ def test_a_carried_state_continues_its_attempts_and_ttl():
     assert transport.sent[0].started >= 1000.2 - 1e-9
     (item,) = lane_report(report).discarded
     assert item.ended_by == EndedBy.TTL and item.attempts == len(transport.sent) + 3
+    assert lane_report(report).ended_carried == [(0, 0, "DISCARDED")], "the driver ends its HELD state with it"
+    report, _, _ = run({0: lane(retry=retry, resume={(0, 0): state})}, [batch([(record(0, 0), (0,)), (record(0, 1),
+                                                                                                       (0,))])], ok())
+    assert lane_report(report).ended_carried == [(0, 0, "SUCCESS")], "only the carried one, delivered"
 
 
 def test_a_slow_lane_holding_the_read_ahead_is_cut_and_the_others_go_on():

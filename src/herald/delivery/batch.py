@@ -36,7 +36,7 @@ from herald.delivery.message import Delivery, Record, RetryState, uuid5_text
 from herald.delivery.oauth import TOKENS, TokenCache
 from herald.delivery.plan import LanePlan
 from herald.delivery.policy import EndedBy
-from herald.delivery.report import FAILED, SUCCESS, Carried
+from herald.delivery.report import DISCARDED, FAILED, SUCCESS, Carried
 from herald.delivery.signing import signature_lines
 from herald.delivery.transport import HttpRequest
 
@@ -267,6 +267,8 @@ class BatchLane(Lane):
 
     def _delivered(self, delivery: Delivery, now_ms: int) -> None:
         batch = self._ended(delivery)
+        if batch.resumed is not None:
+            self._ended_carried(batch.records[0], SUCCESS)
         self.counters.delivered += len(batch.records)
         self.counters.batches_delivered += 1
         if self._tracing:
@@ -281,6 +283,8 @@ class BatchLane(Lane):
         """Every message of the batch goes to `undelivered`, with the batch id and the last attempt's reason."""
         delivery.finish("discarded")
         batch = self._ended(delivery)
+        if batch.resumed is not None:
+            self._ended_carried(batch.records[0], DISCARDED)
         self.counters.batches_discarded += 1
         for record in batch.records:
             self._discard_record(record, reason, ended_by, delivery.last_status, delivery.attempts, now_ms,

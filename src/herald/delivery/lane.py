@@ -33,6 +33,7 @@ from herald.delivery.outcome import FailureKind, TransportFailure, Verdict, clas
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
 from herald.delivery.report import (
+    DISCARDED,
     FAILED,
     FILTERED,
     INFLIGHT,
@@ -268,12 +269,23 @@ class Lane:
 
     def _delivered(self, delivery: Delivery, now_ms: int) -> None:
         """A 2xx ended `delivery` (for BROADCAST, at one endpoint)."""
-        if self._message_done(delivery, failed=False) and (delivery.group is None or not delivery.group.failed):
-            self.counters.delivered += 1
-            if not self.plan.positional:
-                self.report.delivered.append((delivery.record.partition, delivery.record.offset))
-            if self._tracing:
-                self._trace(delivery.record, SUCCESS, now_ms)
+        if not self._message_done(delivery, failed=False):
+            return
+        if delivery.group is not None and delivery.group.failed:
+            self._ended_carried(delivery.record, DISCARDED)  # some endpoint's attempts were given up
+            return
+        self.counters.delivered += 1
+        self._ended_carried(delivery.record, SUCCESS)
+        if not self.plan.positional:
+            self.report.delivered.append((delivery.record.partition, delivery.record.offset))
+        if self._tracing:
+            self._trace(delivery.record, SUCCESS, now_ms)
+
+    def _ended_carried(self, record: Record, how: str) -> None:
+        """A message this lane continued from a carried state ended (SUCCESS or DISCARDED): say so, so that the
+        driver ends that state with what really happened."""
+        if self._resume and self.plan.positional and (record.partition, record.offset) in self._resume:
+            self.report.ended_carried.append((record.partition, record.offset, how))
 
     def _trace_failure(self, delivery: Delivery, now_ms: int, reason: str, status: int | None) -> None:
         self._trace(delivery.record, FAILED, now_ms, reason, status)
@@ -463,7 +475,8 @@ class Lane:
     def _discard(self, delivery: Delivery, reason: str, ended_by: str, now_ms: int | None) -> None:
         """Give up a message (for BROADCAST, at one endpoint: one undelivered row per endpoint it missed)."""
         delivery.finish("discarded")
-        self._message_done(delivery, failed=True)
+        if self._message_done(delivery, failed=True):
+            self._ended_carried(delivery.record, DISCARDED)
         endpoint = self._targets[delivery.target].shown or self._targets[delivery.target].url \
             if delivery.group is not None else None
         self._discard_record(delivery.record, reason, ended_by, delivery.last_status, delivery.attempts, now_ms,

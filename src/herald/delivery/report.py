@@ -17,9 +17,12 @@ import pyarrow as pa
 from herald.delivery.flow import FlowMode, FlowState
 from herald.delivery.message import Record, RetryState
 
+MAX_GAPS = 64
+"""Most gaps between offsets read a task reports per partition."""
+
 REPORT_SCHEMA = pa.schema([
     ("task", pa.string()),  # one id per task run
-    ("row_type", pa.string()),  # "task" | "lane" | "discarded" | "parked" | "carried" | "traced" | "delivered"
+    ("row_type", pa.string()),  # task | lane | discarded | parked | carried | traced | delivered | ended_carried
     ("lane", pa.int32()),
     ("partition", pa.int32()),
     ("offset", pa.int64()),
@@ -162,6 +165,8 @@ class LaneReport:
     cut: the subscription stopped taking input part-way; partitions missing from `stops` were not reached.
     delivered: (partition, offset) of each message delivered, for lanes outside any position (parked retries,
         `LanePlan.positional` False), whose round must record exactly which messages ended; empty otherwise.
+    ended_carried: (partition, offset, SUCCESS or DISCARDED) of each message (or batch, at its first offset) the
+        lane continued from a carried state and that ended in the task.
     """
 
     counters: LaneCounters = field(default_factory=LaneCounters)
@@ -173,6 +178,7 @@ class LaneReport:
     carried: list[Carried] = field(default_factory=list)
     traced: list[Traced] = field(default_factory=list)
     delivered: list[tuple[int, int]] = field(default_factory=list)
+    ended_carried: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -182,19 +188,24 @@ class TaskReport:
     progress: partition -> the offset after the last row the task read of it.
     firsts: partition -> the first offset the task read of it (a round's range may start below it: records
         Kafka deleted before they were read, or offsets a transaction marker or compaction left empty).
+    gaps: partition -> [start, end) ranges of offsets between the first and the last read that the task did
+        not read (the same causes, or a read that jumped when Kafka deleted records under it); at most
+        `MAX_GAPS` per partition.
     exhausted: the task read all its input (every partition it had was read to the end of the round).
     """
 
     task: str = ""
     progress: dict[int, int] = field(default_factory=dict)
     firsts: dict[int, int] = field(default_factory=dict)
+    gaps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     exhausted: bool = True
     lanes: dict[int, LaneReport] = field(default_factory=dict)
 
     def to_arrow(self) -> pa.RecordBatch:
         rows: list[dict] = [{"row_type": "task", "stats": json.dumps(
             {"progress": {str(p): o for p, o in self.progress.items()}, "exhausted": self.exhausted,
-             "firsts": {str(p): o for p, o in self.firsts.items()}})}]
+             "firsts": {str(p): o for p, o in self.firsts.items()},
+             "gaps": {str(p): [list(gap) for gap in gaps] for p, gaps in self.gaps.items()}})}]
         for index, lane in self.lanes.items():
             flow = lane.flow_state
             stats = {"counters": asdict(lane.counters), "stops": {str(p): o for p, o in lane.stops.items()},
@@ -217,6 +228,9 @@ class TaskReport:
                              "offset": item.offset, **_state_columns(item.state)})
             for partition, offset in lane.delivered:
                 rows.append({"row_type": "delivered", "lane": index, "partition": partition, "offset": offset})
+            for partition, offset, how in lane.ended_carried:
+                rows.append({"row_type": "ended_carried", "lane": index, "partition": partition, "offset": offset,
+                             "event": how})
             for step in lane.traced:
                 rows.append({"row_type": "traced", "lane": index, "partition": step.partition,
                              "offset": step.offset, "message_id": step.message_id, "event": step.status,
@@ -237,6 +251,7 @@ class TaskReport:
                 stats = json.loads(row["stats"])
                 report.progress = {int(p): o for p, o in stats["progress"].items()}
                 report.firsts = {int(p): o for p, o in stats.get("firsts", {}).items()}
+                report.gaps = {int(p): [tuple(gap) for gap in gaps] for p, gaps in stats.get("gaps", {}).items()}
                 report.exhausted = stats["exhausted"]
                 continue
             lane = report.lanes.setdefault(row["lane"], LaneReport())
@@ -260,6 +275,8 @@ class TaskReport:
                 lane.carried.append(Carried(row["partition"], row["offset"], _state_of(row)))
             elif kind == "delivered":
                 lane.delivered.append((row["partition"], row["offset"]))
+            elif kind == "ended_carried":
+                lane.ended_carried.append((row["partition"], row["offset"], row["event"]))
             elif kind == "traced":
                 lane.traced.append(Traced(row["partition"], row["offset"], row["message_id"], row["event"],
                                           row["event_ms"], row["reason"], row["http_status"]))

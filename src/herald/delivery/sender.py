@@ -42,7 +42,7 @@ from herald.delivery.lane import Lane
 from herald.delivery.message import Record
 from herald.delivery.oauth import TOKENS, TokenCache
 from herald.delivery.plan import TaskPlan
-from herald.delivery.report import TaskReport
+from herald.delivery.report import MAX_GAPS, TaskReport
 from herald.delivery.transport import Transport, open_transport
 
 _SWEEP_S = 0.05  # how often every lane's flow window and stall are looked at
@@ -294,7 +294,8 @@ class TaskSender:
         now, now_ms = self.clock(), self.wall_clock_ms()
         offsets = {p: np.concatenate(arrays) for p, arrays in self._offsets.items()}
         report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted,
-                            firsts={p: int(values.min()) for p, values in offsets.items() if len(values)})
+                            firsts={p: int(values[0]) for p, values in offsets.items() if len(values)},
+                            gaps={p: _gaps(values) for p, values in offsets.items() if len(values) > 1})
         for index, lane in self.lanes.items():
             lane.forget_rereads()
             lane_report = lane.report
@@ -305,6 +306,12 @@ class TaskSender:
             lane_report.flow_state = lane.flow.state(max(next_permit_ms, 0))
             report.lanes[index] = lane_report
         return report
+
+
+def _gaps(offsets: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) ranges missing between consecutive offsets read (ascending), the first `MAX_GAPS`."""
+    jumps = np.nonzero(np.diff(offsets) > 1)[0][:MAX_GAPS]
+    return [(int(offsets[i]) + 1, int(offsets[i + 1])) for i in jumps]
 
 
 def _rows_gone_through(offsets: dict[int, np.ndarray], starts: dict[int, int], stops: dict[int, int],

@@ -24,7 +24,7 @@ import time
 from herald.engine.context import now_ms
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
-from herald.engine.positions import behind, catch_up_ranges, earliest
+from herald.engine.positions import Lost, behind, catch_up_ranges, earliest
 from herald.engine.projection import project
 from herald.engine.rounds import CATCHUP, RoundResult
 from herald.engine.state import SubscriptionState
@@ -146,6 +146,9 @@ class CatchUp:
                     state = next(state for state in group if state.id == result.subscription.id)
                     if not _acted(result, before[state.id], state.positions):
                         state.idle = (frontier, _wake_ms(state))
+                for state in group:  # the query may have moved on (or restarted) during the round
+                    if pipeline.frontier is not None and behind(state.positions, pipeline.frontier):
+                        state.catching_up = True
         batch_id = next(self._rounds)
         pipeline.record(RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
                                     pipeline.kafka_topic, context.cluster, results), possible_replay=False,
@@ -156,17 +159,16 @@ class CatchUp:
                  time.monotonic() - started)
         return True
 
-    def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]],
-                                                                               dict[int, tuple[int, int]]]:
+    def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], Lost]:
         """(the ranges to read, the offsets of them already deleted): a range that starts below what Kafka still
         holds is read from its earliest offset, and what is below is lost (recorded by the round)."""
         pipeline = self.pipeline
         marks = partition_watermarks(pipeline.context.client_config, [pipeline.kafka_topic])[pipeline.kafka_topic]
-        clamped, deleted = {}, {}
+        clamped, deleted = {}, []
         for partition, (start, end) in ranges.items():
             low = marks.get(partition, (start, end))[0]
             if start < low:
-                deleted[partition] = (start, min(low, end))
+                deleted.append((partition, start, min(low, end)))
             clamped[partition] = (min(max(start, low), end), end)
         return clamped, deleted
 

@@ -4,7 +4,8 @@
 Per subscription (label `subscription`, the id `group.topic.name`):
 
 - counters `herald_read_total`, `herald_delivered_total`, `herald_discarded_total`, `herald_filtered_total`,
-  `herald_parked_total`, `herald_attempts_total`, `herald_lost_total` (offsets retention deleted unread), `herald_answers_total{class=2xx|3xx|4xx|5xx|timeout|other}`
+  `herald_parked_total`, `herald_attempts_total`, `herald_lost_total` (offsets retention deleted unread),
+  `herald_answers_total{class=2xx|3xx|4xx|5xx|timeout|other}`
   and, for BATCH subscriptions, `herald_batches_total{outcome=delivered|discarded}`:
   the sums of the metrics table's rows written since this process started (Prometheus counters start at 0 when
   the job restarts, as usual);

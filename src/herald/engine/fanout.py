@@ -14,7 +14,7 @@ from herald.delivery.flow import FlowState
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.report import REPORT_DDL, LaneCounters, TaskReport
 from herald.delivery.task import delivery_task
-from herald.engine.positions import advance
+from herald.engine.positions import Lost, advance
 from herald.engine.rounds import SubscriptionOutcome
 from herald.engine.state import SubscriptionState
 
@@ -36,8 +36,7 @@ def run_round(rows, plan: TaskPlan, input_partitions: int) -> list[TaskReport]:
 
 
 def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int, int]],
-             reports: Sequence[TaskReport], lost: Mapping[int, tuple[int, int]] | None = None,
-             ) -> list[SubscriptionOutcome]:
+             reports: Sequence[TaskReport], lost: Lost = ()) -> list[SubscriptionOutcome]:
     """What the round did for each participant; `ranges` is what it covered, per partition, and `lost` the
     offsets of it Kafka deleted before they were read (recorded for each participant whose range held them)."""
     results = []
@@ -53,12 +52,13 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
             outcome.discarded.extend(lane.discarded)
             outcome.parked.extend(lane.parked)
             outcome.carried.extend(lane.carried)
+            outcome.ended_carried.extend(lane.ended_carried)
             outcome.traced.extend(lane.traced)
         outcome.flow_state = FlowState.combine(flow_states, participant.state.flow)
         if participant.plan.positional:
             moved = advance(participant.state.positions, ranges, reports, participant.index)
             outcome.positions = {p: moved[p] for p in ranges if p in moved}
-            for partition, (first, end) in sorted((lost or {}).items()):
+            for partition, first, end in lost:
                 first = max(first, participant.state.positions.get(partition, first))
                 if first < end:
                     outcome.lost.append((partition, first, end))

@@ -25,7 +25,15 @@ import pyarrow as pa
 
 from herald.source.kafka_offsets import OffsetClient
 from herald.storage import Slice, TableStore
-from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA, RETRANSMISSIONS, RETRANSMISSIONS_SCHEMA, RETRIES, epoch_ms
+from herald.storage.tables import (
+    OFFSETS,
+    OFFSETS_SCHEMA,
+    RETRANSMISSIONS,
+    RETRANSMISSIONS_SCHEMA,
+    RETRIES,
+    at_ms,
+    epoch_ms,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,18 +108,20 @@ def record_rows(move: Move, applied_at: dt.datetime | None) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=RETRANSMISSIONS_SCHEMA)
 
 
-def applied_tables(move: Move, released: pa.Table) -> list[tuple[str, pa.Table]]:
-    """What a job writes once it applied `move`: the MOVED rows of the carried states it dropped (`released`,
-    retries rows), its positions again (the newest rows of the subscription), then its record marked applied.
-    Written in that order, under the move's slice: a crash before the last applies it again at the next start,
+def applied_tables(move: Move, released: pa.Table, stamp_ms: int) -> list[tuple[str, pa.Table]]:
+    """What a job writes once it applied `move`: the RELEASED rows of the carried states it dropped (`released`,
+    retries rows), its positions again (the newest rows of the subscription, stamped `stamp_ms` as the job
+    stamps its rounds' rows: `herald.engine.context.stamp_ms`), then its record marked applied. Written in that
+    order, under the move's slice: a crash before the last applies it again at the next start,
     never not at all."""
-    return [(RETRIES, released), (OFFSETS, position_rows(move)),
+    return [(RETRIES, released), (OFFSETS, position_rows(move, stamp_ms)),
             (RETRANSMISSIONS, record_rows(move, dt.datetime.now(dt.timezone.utc)))]
 
 
-def position_rows(move: Move) -> pa.Table:
-    """The move's offsets rows, stamped now (so they are the newest rows of the subscription)."""
-    now = dt.datetime.now(dt.timezone.utc)
+def position_rows(move: Move, stamp_ms: int | None = None) -> pa.Table:
+    """The move's offsets rows, stamped now (so they are the newest rows of the subscription); a job stamps them
+    as it stamps its rounds' rows (`stamp_ms`, epoch ms), so that they order with those."""
+    now = at_ms(stamp_ms) if stamp_ms is not None else dt.datetime.now(dt.timezone.utc)
     rows = [{"subscription": move.subscription, "topic": move.kafka_topic, "partition": partition, "offset": offset,
              "batch_id": move.move_id, "committed_at": now, "writer": move.writer}
             for partition, offset in sorted(move.to_offsets.items())]

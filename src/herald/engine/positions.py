@@ -78,31 +78,46 @@ def earliest(*positions: Mapping[int, int]) -> Positions:
     return lowest
 
 
-def unread_starts(ranges: Mapping[int, tuple[int, int]], tasks: Sequence[TaskReport]) -> Ranges:
-    """Per partition, the start of the round's range that no task read: [start, first offset read), or the
-    whole range when no task read the partition although every task read all its input. Kafka either deleted
-    these records before they were read (retention), or holds none there (transaction markers, compaction):
-    `lost_ranges` tells which with Kafka's low watermarks."""
+Lost = list[tuple[int, int, int]]
+"""(partition, first, end): offsets [first, end) of a partition that Kafka deleted before they were read."""
+
+
+def unread_ranges(ranges: Mapping[int, tuple[int, int]], tasks: Sequence[TaskReport]) -> Lost:
+    """The offsets of the round's ranges that no task read although it read around them: before the first
+    offset read of a partition, between two offsets read (`TaskReport.gaps`), or the whole range when no task
+    read the partition although every task read all its input. Kafka either deleted these records before they
+    were read (retention), or holds none there (transaction markers, compaction): `lost_ranges` tells which
+    with Kafka's low watermarks, asked after the read."""
     all_read = all(task.exhausted for task in tasks)
-    unread: Ranges = {}
-    for partition, (start, end) in ranges.items():
+    unread: Lost = []
+    for partition, (start, end) in sorted(ranges.items()):
         if start >= end:
             continue
-        firsts = [task.firsts[partition] for task in tasks if partition in task.firsts]
-        if firsts:
-            if min(firsts) > start:
-                unread[partition] = (start, min(min(firsts), end))
-        elif all_read:
-            unread[partition] = (start, end)
+        readers = [task for task in tasks if partition in task.firsts]
+        if not readers:
+            if all_read:
+                unread.append((partition, start, end))
+            continue
+        first = min(task.firsts[partition] for task in readers)
+        if first > start:
+            unread.append((partition, start, min(first, end)))
+        for task in readers:
+            unread.extend((partition, gap_start, gap_end) for gap_start, gap_end in task.gaps.get(partition, ())
+                          if gap_start >= start and gap_end <= end)
     return unread
 
 
-def lost_ranges(unread: Mapping[int, tuple[int, int]], low_marks: Mapping[int, int]) -> Ranges:
-    """The part of each unread range below its partition's low watermark: records retention deleted before
-    they were read."""
-    lost: Ranges = {}
-    for partition, (start, end) in unread.items():
+def lost_ranges(unread: Lost, low_marks: Mapping[int, int]) -> Lost:
+    """The part of each unread range below its partition's low watermark (records retention deleted before
+    they were read), contiguous ranges of a partition merged."""
+    lost: Lost = []
+    for partition, start, end in sorted(unread):
         low = low_marks.get(partition)
-        if low is not None and low > start:
-            lost[partition] = (start, min(end, low))
+        if low is None or low <= start:
+            continue
+        end = min(end, low)
+        if lost and lost[-1][0] == partition and lost[-1][2] >= start:
+            lost[-1] = (partition, lost[-1][1], max(end, lost[-1][2]))
+        else:
+            lost.append((partition, start, end))
     return lost

@@ -105,14 +105,17 @@ class RetryDriver:
         with self._lock:
             return len(self._parked.get(subscription_id, ()))
 
-    def tried_since(self, since_ms: int) -> bool:
-        """True when no round is running and no message of an ACTIVE subscription is still due from before
-        `since_ms` (epoch ms) and allowed by its rate: what was due when a `--once` run started has been tried
-        again."""
+    def tried_since(self, since_ms: int, patience_ms: int) -> bool:
+        """True when no round is running and every message of an ACTIVE subscription that was due at `since_ms`
+        (epoch ms; a `--once` run's start) has been tried again, except those of a subscription whose rate (or
+        flow control, probing a failing subscriber) makes its next attempt wait more than `patience_ms`: they
+        wait for the next run."""
         with self._lock:
             if self._in_round:
                 return False
-            return all(m.state.due_ms > since_ms or self._next_permit.get(sid, 0) > since_ms
+            wait_until = now_ms() + patience_ms
+            return all(m.state.due_ms > since_ms or self._tried_here(sid, m)
+                       or self._next_permit.get(sid, 0) > wait_until
                        for sid, messages in self._parked.items() if sid in self._active for m in messages.values())
 
     def summary(self) -> tuple[int, int | None]:
@@ -205,7 +208,8 @@ class RetryDriver:
                 item = again.get(key)
                 if item is not None:  # some endpoint still to reach, or still retrying
                     if item.state.attempts != message.state.attempts or item.state.targets != message.state.targets:
-                        self._tried.add((subscription_id, *key))
+                        if self.once:
+                            self._tried.add((subscription_id, *key))
                         outcome.parked.append(item)
                         if key in registry:
                             registry[key] = ParkedMessage(item.record, item.state, registry[key].kafka_topic)

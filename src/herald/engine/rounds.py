@@ -24,7 +24,7 @@ from herald.storage.tables import (
     OFFSETS,
     OFFSETS_SCHEMA,
     HELD,
-    MOVED,
+    RELEASED,
     PARKED,
     RETRIES,
     RETRIES_SCHEMA,
@@ -48,6 +48,7 @@ class SubscriptionOutcome:
     resolved: messages whose retry state (parked, or carried behind the position) reached an end:
         (partition, offset) -> (record, DELIVERED or DISCARDED); a retry round's unfinished ones are in `parked`
         again.
+    ended_carried: (partition, offset, SUCCESS or DISCARDED): carried states the round's lanes continued and ended.
     lost: (partition, first, end) of each range of offsets [first, end) its round covered that Kafka had
         deleted (retention) before it was read: neither delivered nor discarded, and recorded as LOST.
     """
@@ -61,6 +62,7 @@ class SubscriptionOutcome:
     carried: list[Carried] = field(default_factory=list)
     traced: list[Traced] = field(default_factory=list)
     resolved: dict[tuple[int, int], tuple[Record, str]] = field(default_factory=dict)
+    ended_carried: list[tuple[int, int, str]] = field(default_factory=list)
     lost: list[tuple[int, int, int]] = field(default_factory=list)
 
 
@@ -159,7 +161,7 @@ def retry_row(subscription: Subscription, record: Record, state: RetryState | No
 
 def released_rows(subscription: Subscription, keys, status: str, now_ms: int, writer: str,
                   batch_id: int) -> list[dict]:
-    """Terminal retries rows (DELIVERED, DISCARDED or MOVED) for carried states that ended: (partition, offset)
+    """Terminal retries rows (DELIVERED, DISCARDED or RELEASED) for carried states that ended: (partition, offset)
     `keys`. Without them a HELD row would stay a message's newest and be carried again after a restart."""
     return [retry_row(subscription, stub(partition, offset), None, status, now_ms, writer, batch_id)
             for partition, offset in sorted(keys)]
@@ -236,6 +238,6 @@ def position_rows(subscription_id: str, kafka_topic: str, positions: dict[int, i
 
 
 def moved_rows(subscription: Subscription, keys, now_ms: int, writer: str, batch_id: int) -> pa.Table:
-    """MOVED rows for the carried states a retransmission dropped."""
-    return pa.Table.from_pylist(released_rows(subscription, keys, MOVED, now_ms, writer, batch_id),
+    """RELEASED rows for the carried states a retransmission dropped."""
+    return pa.Table.from_pylist(released_rows(subscription, keys, RELEASED, now_ms, writer, batch_id),
                                 schema=RETRIES_SCHEMA)

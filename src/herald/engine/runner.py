@@ -174,6 +174,9 @@ class Runner:
             log.error("%s", error)
             print(f"not started: {error}")
             return 1
+        except BaseException:
+            self.shutdown(0.0)  # what did start stops, and the lease is given back
+            raise
         previous = {}
         if threading.current_thread() is threading.main_thread():
             previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -186,7 +189,7 @@ class Runner:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.shutdown(grace_s)
+            self.shutdown(0.0 if self._lease_lost_reason else grace_s)
         if once:
             self._report_parked()
         if self._lease_lost_reason is not None:
@@ -198,8 +201,10 @@ class Runner:
         self._stop.set()
 
     def _lease_lost(self, reason: str) -> None:
-        log.error("%s: this job stops (exit code 1); the job holding the lease delivers", reason)
+        log.error("%s: this job stops now and writes nothing more (exit code 1)", reason)
         self._lease_lost_reason = reason
+        if self.context is not None:
+            self.context.writer.abandon()
         self._stop.set()
 
     def _on_signal(self, signum, frame) -> None:
@@ -231,10 +236,13 @@ class Runner:
                     frontier = pipeline.frontier or {}
                     if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)):
                         return False
-        return self.context.retries.tried_since(self._started_ms) and self.context.writer.pending == 0
+        return (self.context.retries.tried_since(self._started_ms, int(deadline_s * 1000))
+                and self.context.writer.pending == 0)
 
     def shutdown(self, grace_s: float = 30.0) -> None:
         deadline = time.monotonic() + grace_s
+        if self.context is not None:  # a round waiting for storage to come back gives up at the deadline
+            self.context.writer.stop_waiting_at(deadline)
         if self.watcher is not None:
             self.watcher.stop()
         if self.maintenance is not None:

@@ -33,7 +33,7 @@ class SubscriptionState:
         reads it next to continue from (attempts and TTL go on).
     catching_up: behind the topic's shared query: its own rounds deliver it until it reaches the query.
     busy: a round is delivering it now.
-    pending_move: an operator's move (retransmission) to apply once that round is over.
+    pending_moves: operators' moves (retransmissions) to apply once that round is over, in order.
     idle: its last catch-up round could do nothing (a held message's retry not due, an open batch not full): no
         round runs for it until the shared query's position moves past that frontier or that time comes.
     """
@@ -46,7 +46,7 @@ class SubscriptionState:
     catching_up: bool = False
     busy: bool = False
     last_served_s: float = 0.0
-    pending_move: object = None  # a herald.engine.moves.Move asked for while a round delivered it
+    pending_moves: list = field(default_factory=list)  # herald.engine.moves.Move asked for during a round
     idle: tuple[dict[int, int], int] | None = None  # (frontier, epoch ms): its last catch-up round moved nothing
 
     @property

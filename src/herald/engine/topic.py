@@ -27,7 +27,7 @@ from herald.engine import moves
 from herald.engine.context import EngineContext, stamp_ms
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
-from herald.engine.positions import behind, lost_ranges, unread_starts
+from herald.engine.positions import Lost, behind, lost_ranges, unread_ranges
 from herald.engine.projection import project
 from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub, table_rows
 from herald.engine.state import SubscriptionState
@@ -35,7 +35,8 @@ from herald.engine.supervision import short_error
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import open_kafka_stream
 from herald.storage import Slice
-from herald.storage.tables import DELIVERED, DISCARDED
+from herald.delivery.report import SUCCESS
+from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,14 @@ class TopicPipeline:
 
     def move(self, subscription_id: str, move) -> bool:
         """Move a subscription's position (a retransmission); at once when no round delivers it, else when
-        its round is over. False when the subscription is not here."""
+        its round is over. False when the subscription is not here, or the move is in another Kafka topic (made
+        before its topic's `kafkaTopic` changed: it moves the positions it had there)."""
         with self.lock:
             state = self.states.get(subscription_id)
-            if state is None:
+            if state is None or move.kafka_topic != self.kafka_topic:
                 return False
             if state.busy:
-                state.pending_move = move
+                state.pending_moves.append(move)
             else:
                 self._move(state, move)
         self.flush_moves()
@@ -100,7 +102,7 @@ class TopicPipeline:
         and it catches up when the move put it behind the query. Its rows are written by `flush_moves`."""
         state.positions.update(move.to_offsets)
         dropped, state.carried = set(state.carried), {}
-        state.pending_move = None
+        state.idle = None
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
         self._moved.append((move, state.subscription, dropped))
         log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
@@ -111,8 +113,9 @@ class TopicPipeline:
         with self.lock:
             moved, self._moved = self._moved, []
         for move, subscription, dropped in moved:
+            stamp = stamp_ms()
             self.context.writer.submit(Slice(move.writer, move.move_id), moves.applied_tables(
-                move, moved_rows(subscription, dropped, stamp_ms(), move.writer, move.move_id)))
+                move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id), stamp))
         if moved and self.catchup is not None:
             self.catchup.wake()
 
@@ -128,9 +131,12 @@ class TopicPipeline:
         context = self.context
         settings = context.config.settings
         starting = self._starting_offsets()
-        self.frontier = self._committed_frontier() or starting
-        for state in self.states.values():
-            state.catching_up = behind(state.positions, self.frontier)
+        frontier = self._committed_frontier() or starting
+        with self.lock:
+            self.frontier = frontier
+            for state in self.states.values():
+                if not state.busy:  # a round delivering it (catch-up, on a restart) sets it when it ends
+                    state.catching_up = behind(state.positions, frontier)
         raw = open_kafka_stream(
             context.spark, context.connector, settings.kafka.bootstrapServers, settings.kafka.properties,
             self.kafka_topic, json.dumps({self.kafka_topic: {str(p): o for p, o in sorted(starting.items())}}),
@@ -201,6 +207,14 @@ class TopicPipeline:
         context = self.context
         ranges = checkpoints.batch_ranges(context.spark, self.checkpoint, batch_id, self.kafka_topic,
                                           self._first_start)
+        if self._replay_possible and self._recorded_before(batch_id):
+            # written whole before a crash or a stop that came before Spark's commit: its subscriptions are past
+            # it (those that are not catch up); delivering it again would replace its rows with an empty round's
+            log.info("%s batch %d: recorded before the restart; not delivered again", self.kafka_topic, batch_id)
+            with self.lock:
+                self._set_frontier(ranges)
+            self._replay_possible = False
+            return
         started = time.monotonic()
         with self.lock:
             for state in self.states.values():
@@ -223,10 +237,7 @@ class TopicPipeline:
         finally:
             with self.lock:
                 self.apply(participants, results)
-                self.frontier = {p: e for p, (_, e) in ranges.items()}
-                for state in self.states.values():  # stopped early, or added (activated) during the batch
-                    if not state.busy and not state.catching_up and behind(state.positions, self.frontier):
-                        state.catching_up = True
+                self._set_frontier(ranges)
                 self.batch_in_progress = False
         self.record(RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
                     possible_replay=self._replay_possible, duration_s=time.monotonic() - started)
@@ -239,6 +250,19 @@ class TopicPipeline:
         log.info("%s batch %d: %d subscription(s), delivered %d, discarded %d, %d behind, in %.1f s",
                  self.kafka_topic, batch_id, len(participants), *counted,
                  sum(1 for s in self.states.values() if s.catching_up), time.monotonic() - started)
+
+    def _set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
+        """(lock held) The query is now at the end of `ranges`; the subscriptions behind it catch up."""
+        self.frontier = {p: e for p, (_, e) in ranges.items()}
+        for state in self.states.values():  # stopped early, or added (activated) during the batch
+            if not state.busy and not state.catching_up and behind(state.positions, self.frontier):
+                state.catching_up = True
+
+    def _recorded_before(self, batch_id: int) -> bool:
+        """True when the offsets table holds this query's positions for micro-batch `batch_id` (written last of a
+        round's tables: the whole round was recorded)."""
+        part = Slice(self._writer, batch_id)
+        return self.context.store.sql(OFFSETS, f"SELECT * FROM {OFFSETS} WHERE {part.predicate} LIMIT 1").num_rows > 0
 
     def _participants(self, subscriptions: list[Subscription], ranges: dict[int, tuple[int, int]]) -> list[Participant]:
         """The subscriptions at the query's position (lock held); those behind are sent to catch up."""
@@ -257,20 +281,17 @@ class TopicPipeline:
         return chosen
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
-    def lost_in(self, ranges: dict[int, tuple[int, int]], reports, known: dict[int, tuple[int, int]] | None = None,
-                ) -> dict[int, tuple[int, int]]:
+    def lost_in(self, ranges: dict[int, tuple[int, int]], reports, known: Lost = ()) -> Lost:
         """The offsets of a round's `ranges` Kafka deleted before they were read (plus `known`, found before the
-        read), each logged at WARN. Kafka is asked only when some range starts below what was read; when it
-        cannot be asked this raises: the round is not recorded and its messages are delivered again."""
-        lost = dict(known or {})
-        unread = unread_starts(ranges, reports)
+        read), each logged at WARN. Kafka is asked only when some part of a range was not read; when it cannot
+        be asked this raises: the round is not recorded and its messages are delivered again."""
+        unread = unread_ranges(ranges, reports)
+        lows: dict[int, int] = {}
         if unread:
             marks = partition_watermarks(self.context.client_config, [self.kafka_topic])[self.kafka_topic]
-            for partition, (first, end) in lost_ranges(unread, {p: low for p, (low, _) in marks.items()}).items():
-                if partition in lost:  # deleted before the read and during it: one range
-                    first, end = min(first, lost[partition][0]), max(end, lost[partition][1])
-                lost[partition] = (first, end)
-        for partition, (first, end) in sorted(lost.items()):
+            lows = {p: low for p, (low, _) in marks.items()}
+        lost = lost_ranges([*known, *unread], {**lows, **{p: e for p, _, e in known if p not in lows}})
+        for partition, first, end in lost:
             log.warning("%s/%d: offsets %d..%d were deleted by Kafka (retention) before they were read; recorded "
                         "as LOST in the undelivered table of each subscription that had not passed them",
                         self.kafka_topic, partition, first, end - 1)
@@ -312,12 +333,15 @@ class TopicPipeline:
             for item in result.carried:
                 state.carried[(item.partition, item.offset)] = item.state
             state.carried = state.live_carried()
-            discarded = {(item.partition, item.offset) for item in result.discarded}
-            for key in before - set(state.carried):  # passed by the position: it ended (a terminal row)
-                result.resolved[key] = (stub(*key), DISCARDED if key in discarded else DELIVERED)
+            ended = {(partition, offset): how for partition, offset, how in result.ended_carried}
+            parked = {(item.record.partition, item.record.offset) for item in result.parked}
+            for key in before - set(state.carried) - parked:  # passed by the position: a terminal row
+                how = ended.get(key)
+                result.resolved[key] = (stub(*key), DELIVERED if how == SUCCESS else DISCARDED if how else RELEASED)
         for participant in participants:  # a move asked for during the round supersedes its positions
-            if participant.state.pending_move is not None:
-                self._move(participant.state, participant.state.pending_move)
+            moves_asked, participant.state.pending_moves = participant.state.pending_moves, []
+            for move in moves_asked:  # in the order they were asked: each is applied, and recorded applied
+                self._move(participant.state, move)
 
     def record(self, result: RoundResult, possible_replay: bool, duration_s: float) -> None:
         """Hand the round's rows to the table writer, then tell the round's listeners. Empty tables are skipped,

@@ -71,9 +71,10 @@ class Topics:
                 if pipeline.move(move.subscription, move):
                     return True
             dropped = self.book.moved(move.subscription, move.kafka_topic, move.to_offsets)
-            released = moved_rows(self.config.subscription(move.subscription), dropped, stamp_ms(), move.writer,
+            stamp = stamp_ms()
+            released = moved_rows(self.config.subscription(move.subscription), dropped, stamp, move.writer,
                                   move.move_id)
-            self.context.writer.submit(Slice(move.writer, move.move_id), applied_tables(move, released))
+            self.context.writer.submit(Slice(move.writer, move.move_id), applied_tables(move, released, stamp))
         log.info("%s (not delivered now) moved to %s", move.subscription, move.to_offsets)
         return True
 

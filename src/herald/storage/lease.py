@@ -7,11 +7,15 @@ before it delivers anything, and a second job exits at once saying who holds it.
 Each holder writes its own row (slice `lease:<holder>`): who it is (host, process id, run id), when it took the
 lease, and until when it holds it (`expires_at`, renewed every `renew_s`). A lease is live while it has not
 expired and has not been released. Taking it: read the live leases; if another holder's is live, refuse; else
-write one's own row, wait `settle_s` (long enough for a concurrent starter's row to be written), and read again:
-of the live leases, the one taken first (earliest `acquired_at`, then holder) wins, and everyone reading the
-same rows picks the same one. Every renewal checks again, so two jobs that raced past each other (a commit
-slower than `settle_s`, clocks apart) find out within one renewal and the later one stops. A lease whose holder
-was on this host and whose process is gone (kill -9) is stale at once; one from elsewhere ends at `expires_at`.
+write one's own row and read again: of the live leases, the one taken first (earliest `acquired_at`, then
+holder) wins, and everyone reading the same rows picks the same one. Of two jobs starting together, the one
+that stamped its row first may commit it later; so a job waits as long as two of its own commits took before it
+reads the others, and both then see both rows. Only a commit much slower than one's own, or clocks far apart,
+can make both think they are first: every renewal checks again, so one of them stops within `renew_s`.
+
+A lease whose holder ran on this host, in the same boot and PID namespace, and whose process is gone (kill -9)
+is stale at once; any other ends at `expires_at`. A job that cannot renew its lease stops one renewal before
+it would expire.
 
 Times are epoch milliseconds unless named `_s` (seconds).
 """
@@ -37,7 +41,7 @@ log = logging.getLogger(__name__)
 
 TTL_S = 30.0
 RENEW_S = 10.0
-SETTLE_S = 2.0
+SETTLE_S = 0.0  # the least wait between writing one's row and reading the others (seconds)
 
 
 class LeaseHeld(RuntimeError):
@@ -54,12 +58,25 @@ class Holder:
     acquired_ms: int
     expires_ms: int
     released: bool
+    space: str = ""  # `_process_space()` of the holder
 
     def shown(self) -> str:
         until = dt.datetime.fromtimestamp(self.expires_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
         since = dt.datetime.fromtimestamp(self.acquired_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
         return f"process {self.pid} on {self.host} (run {self.holder.rsplit(':', 1)[-1]}, since {since}, lease " \
                f"until {until} unless renewed)"
+
+
+def _process_space() -> str:
+    """Which process ids this process can see: the machine's boot and its PID namespace. Two containers with
+    the same host name see different processes under the same id; only a holder in this same space whose
+    process id is gone is known to be gone."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            boot = file.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""  # unknown: such a holder's lease ends only when it expires
 
 
 def _process_alive(pid: int) -> bool:
@@ -74,7 +91,8 @@ def _process_alive(pid: int) -> bool:
 
 class StorageLease:
     """The lease of one storage path for this process. `acquire()` raises LeaseHeld; then `start()` renews it on
-    a thread and calls `on_lost(reason)` if it is lost; `release()` ends it."""
+    a thread and calls `on_lost(reason)` if it is lost; `release()` ends it. settle_s: the least wait (seconds)
+    between writing one's row and reading the others (see the module's docs)."""
 
     def __init__(self, store: TableStore, on_lost: Callable[[str], None] = lambda reason: None,
                  ttl_s: float = TTL_S, renew_s: float = RENEW_S, settle_s: float = SETTLE_S,
@@ -87,6 +105,7 @@ class StorageLease:
         self.alive = alive
         self.host = socket.gethostname()
         self.pid = os.getpid()
+        self.space = _process_space()
         self.holder = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self._acquired_ms = 0
         self._renewed_ms = 0
@@ -99,10 +118,11 @@ class StorageLease:
         holders = []
         for row in self.store.read(LEASES).to_pylist():
             holder = Holder(row["holder"], row["host"], row["pid"], epoch_ms(row["acquired_at"]),
-                            epoch_ms(row["expires_at"]), bool(row["released"]))
+                            epoch_ms(row["expires_at"]), bool(row["released"]), row.get("space") or "")
             if holder.released or holder.expires_ms <= now:
                 continue
-            if holder.holder != self.holder and holder.host == self.host and not self.alive(holder.pid):
+            if holder.holder != self.holder and self.space and holder.space == self.space and holder.host == self.host \
+                    and not self.alive(holder.pid):
                 continue  # its process is gone (kill -9): stale
             holders.append(holder)
         return holders
@@ -110,6 +130,7 @@ class StorageLease:
     def _write(self, expires_ms: int, released: bool = False) -> None:
         row = {"holder": self.holder, "host": self.host, "pid": self.pid, "acquired_at": at_ms(self._acquired_ms),
                "renewed_at": at_ms(self.clock_ms()), "expires_at": at_ms(expires_ms), "released": released,
+               "space": self.space,
                "writer": f"lease:{self.holder}", "batch_id": 0}
         self.store.replace(LEASES, pa.Table.from_pylist([row], schema=LEASES_SCHEMA),
                            Slice(f"lease:{self.holder}", 0))
@@ -125,9 +146,12 @@ class StorageLease:
         if others:
             raise LeaseHeld(_held_message(self.store, min(others, key=lambda h: (h.acquired_ms, h.holder))))
         self._acquired_ms = self.clock_ms()
+        started = time.monotonic()
         self._write(self._acquired_ms + int(self.ttl_s * 1000))
         self._renewed_ms = self._acquired_ms
-        time.sleep(self.settle_s)
+        # a job starting at the same time may have stamped its row first and commit it later: wait as long as
+        # two commits take here before reading the others
+        time.sleep(max(self.settle_s, 2 * (time.monotonic() - started)))
         winner = self._winner()
         if winner is not None and winner.holder != self.holder:
             self._write(self.clock_ms(), released=True)
@@ -155,7 +179,7 @@ class StorageLease:
                 self.renew()
             except Exception as error:  # noqa: BLE001 - storage may come back before the lease expires
                 overdue_s = (self.clock_ms() - self._renewed_ms) / 1000
-                if overdue_s >= self.ttl_s:
+                if overdue_s >= self.ttl_s - self.renew_s:  # stop before another job may take it
                     self._stop.set()
                     self.on_lost(f"the lease could not be renewed for {overdue_s:.0f} s ({error}); another job "
                                  "may have taken it")

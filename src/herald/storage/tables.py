@@ -91,8 +91,9 @@ RETRIES_SCHEMA = pa.schema([
     ("offset", pa.int64()),
     ("message_id", pa.string()),
     # PARKED (re-driven when due) | HELD (behind its subscription's position, which stops at it: its state is
-    # where catch-up continues) | DELIVERED | DISCARDED | MOVED (a HELD state dropped by a retransmission: the
-    # message is read again as new): the newest row of a message is where it stands
+    # where catch-up continues) | DELIVERED | DISCARDED | RELEASED (a HELD state that ended without an attempt
+    # of its own: a retransmission moved the position, or the position passed it because its filter no longer
+    # passes it or Kafka deleted it): the newest row of a message is where it stands
     ("state", pa.string()),
     ("message", pa.string()),  # the message as text, for people
     ("body", pa.binary()),  # PARKED rows: the message's exact bytes, to send
@@ -139,6 +140,7 @@ LEASES_SCHEMA = pa.schema([  # one row per job that took the storage path's leas
     ("released", pa.bool_()),  # the job ended and gave it back
     ("writer", pa.string()),
     ("batch_id", pa.int64()),
+    ("space", pa.string()),  # the holder's boot id / PID namespace: where its pid means something
 ])
 
 TRACKING_SCHEMA = pa.schema([  # Hermes' message tracking (its fields, in this project's column style)
@@ -160,7 +162,7 @@ SCHEMAS = {UNDELIVERED: UNDELIVERED_SCHEMA, OFFSETS: OFFSETS_SCHEMA, METRICS: ME
            RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA, TRACKING: TRACKING_SCHEMA,
            LEASES: LEASES_SCHEMA}
 
-PARKED, HELD, DELIVERED, DISCARDED, MOVED = "PARKED", "HELD", "DELIVERED", "DISCARDED", "MOVED"
+PARKED, HELD, DELIVERED, DISCARDED, RELEASED = "PARKED", "HELD", "DELIVERED", "DISCARDED", "RELEASED"
 
 
 def at_ms(epoch_ms: int | None) -> dt.datetime | None:

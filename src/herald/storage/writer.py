@@ -50,6 +50,7 @@ class TableWriter:
         self._unwritten = 0
         self._closing = threading.Event()
         self._given_up = False  # a slice was abandoned: nothing after it may be written
+        self._wait_until: float | None = None  # monotonic s: `submit` waits no longer (the job is stopping)
         self.abandoned = 0
         self.waited_s = 0.0
         self._thread = threading.Thread(target=self._run, name="herald-table-writer", daemon=True)
@@ -63,6 +64,9 @@ class TableWriter:
         warned = False
         with self._idle:
             while self._unwritten >= self.max_pending and not self._closing.is_set() and not self._given_up:
+                if self._wait_until is not None and time.monotonic() >= self._wait_until:
+                    self._given_up = True  # this round is not written: so no later one may be
+                    break
                 if not warned:
                     log.warning("storage is behind: %d round(s) wait to be written; delivery waits until the table "
                                 "writer catches up", self._unwritten)
@@ -80,6 +84,20 @@ class TableWriter:
             log.info("storage caught up: delivery goes on after %.1f s", waited)
         self._queue.put(SliceWrite(part, tuple(tables)))
         return True
+
+    def stop_waiting_at(self, deadline: float) -> None:
+        """The job is stopping: a `submit` still waiting for room at `deadline` (monotonic s) gives its round up
+        (and every later one), so that no thread of the job waits forever for storage that is down."""
+        with self._idle:
+            self._wait_until = deadline
+            self._idle.notify_all()
+
+    def abandon(self) -> None:
+        """Write nothing more: what is queued or submitted from now on is given up (a write in progress ends).
+        For a job that lost its lease: its rounds would undo the holder's."""
+        with self._idle:
+            self._given_up = True
+            self._idle.notify_all()
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything submitted is written or given up; False when `timeout_s` seconds passed first."""
