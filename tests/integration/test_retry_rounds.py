@@ -132,7 +132,7 @@ def test_once_ends_while_a_subscriber_fails_everything_and_costs_a_row_per_messa
             "endpoint": sub.url, "subscriptionPolicy": {"messageBackoff": 100}}},
             settings={"streaming": {"parkAfterMs": 0}})
         produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(40)])
-        for run in range(1, 4):
+        for run in range(1, 3):
             runner = Runner(load_config(conf), spark=spark)
             assert runner.run(once=True) == 0
             assert runner.context.writer.pending == 0, "a stop leaves no round unwritten"
@@ -145,8 +145,7 @@ def test_once_ends_while_a_subscriber_fails_everything_and_costs_a_row_per_messa
             assert len(per_message) == 40 and max(per_message.values()) <= run + 1, per_message
             assert {row["state"] for row in rows} == {"PARKED"}, "nothing recorded as delivered"
             time.sleep(0.2)  # every parked message is due before the next run
-    attempts = len(sub.requests)
-    assert attempts >= 40 * 3, "each run tried every message at least once"
+    assert len(sub.requests) >= 40 * 2, "each run tried every message at least once"
 
 
 def test_a_carried_state_the_position_passes_ends_with_what_really_happened_to_it(tmp_path):
