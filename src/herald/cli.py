@@ -389,6 +389,23 @@ def cmd_schema(args) -> int:
     return 0
 
 
+def cmd_jars(args) -> int:
+    """Fetch (or show) the JVM parts a local SparkSession of Herald uses."""
+    from herald import jars
+
+    if args.action == "fetch":
+        try:
+            found = jars.fetch()
+        except RuntimeError as error:
+            print(f"herald jars: {error}", file=sys.stderr)
+            return 1
+    else:
+        found = jars.cached_jars()
+    print(json.dumps({"packages": jars.packages(), "directory": str(jars.cache_dir()), "jars": len(found)}, indent=2)
+          if args.json else f"{len(found)} jar(s) for {', '.join(jars.packages())} in {jars.cache_dir()}")
+    return 0 if found else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="herald", description="Push delivery from Kafka to HTTP subscribers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -473,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
                                              "(generated from Herald's config models), for YAML editors")
     schema.add_argument("--out", default="conf/schemas", help="directory to write them to (default: conf/schemas)")
     schema.set_defaults(handler=cmd_schema)
+
+    jar_parser = commands.add_parser("jars", help="fetch or show the jars of Spark's Kafka source and delta-spark "
+                                                  "that a local session of Herald then uses")
+    jar_parser.add_argument("action", choices=["fetch", "show"], nargs="?", default="show")
+    jar_parser.add_argument("--json", action="store_true")
+    jar_parser.set_defaults(handler=cmd_jars)
     return parser
 
 

@@ -1,7 +1,8 @@
 """Building the SparkSession Herald runs in, and probing which optional JVM parts it has.
 
-Under `spark-submit` (or on Databricks) the session and its master come from the platform; `herald run`
-builds a local one from `spark.master` and `spark.conf` in herald.yaml.
+Under `spark-submit` (or on Databricks) the session and its master come from the platform, with the jars the
+platform provides; `herald run` builds a local one from `spark.master` and `spark.conf` in herald.yaml, with the
+jars `herald jars fetch` cached (`herald.jars`: Spark's Kafka source and delta-spark), when it did.
 """
 
 from __future__ import annotations
@@ -52,9 +53,26 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
         builder = builder.config(key, value)
     if effective_master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        for key, value in _jar_settings(conf or {}).items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _jar_settings(conf: Mapping[str, str]) -> dict[str, str]:
+    """The cached jars and Delta's session extension, for a session Herald builds (nothing when the jars were not
+    fetched, or when herald.yaml's spark.conf names its own jars or packages)."""
+    from herald.jars import cached_jars
+
+    if "spark.jars" in conf or "spark.jars.packages" in conf:
+        return {}
+    jars = cached_jars()
+    if not jars:
+        return {}
+    return {"spark.jars": ",".join(jars),
+            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
 
 
 def jvm_class_loads(spark, class_name: str) -> bool:

@@ -219,9 +219,13 @@ class SparkDeltaStore(TableStore):
                            int(metrics["numFilesAdded"]) if metrics else 0, deleted)
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
+        from pyspark.errors import AnalysisException
         from pyspark.sql import functions as F
 
-        frame = self.spark.read.format("delta").load(self.path(table))
+        try:
+            frame = self.spark.read.format("delta").load(self.path(table))
+        except AnalysisException:  # no table yet
+            return SCHEMAS[table].empty_table()
         if subscription_id:
             frame = frame.where(F.col("subscription") == subscription_id)
         return frame.toArrow()

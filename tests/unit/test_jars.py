@@ -1,0 +1,52 @@
+"""The jars Herald fetches match what pip installed (pyspark, delta-spark) and what the README tells clusters to
+pass with --packages: a version bump of either package that forgets the other fails here."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+from herald import jars
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_jars_are_pinned_to_the_installed_pyspark_and_delta_spark():
+    assert jars.packages() == [f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')}",
+                               f"io.delta:delta-spark_2.13:{version('delta-spark')}"]
+    pins = dict(re.findall(r'"(pyspark|delta-spark)==([^"]+)"', (ROOT / "pyproject.toml").read_text()))
+    assert pins == {"pyspark": version("pyspark"), "delta-spark": version("delta-spark")}
+
+
+def test_the_readme_spark_submit_line_names_the_same_packages():
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if "--packages" in line)
+    assert re.search(r"--packages (\S+)", line).group(1).split(",") == jars.packages()
+
+
+def test_jars_can_be_left_out(monkeypatch, tmp_path):
+    monkeypatch.setenv("HERALD_JARS_DIR", str(tmp_path))
+    assert jars.cached_jars() == [], "nothing fetched into this directory"
+    monkeypatch.setenv("HERALD_JARS", "off")
+    assert jars.cached_jars() == []
+
+
+def test_a_session_herald_builds_gets_the_fetched_jars_and_deltas_extension(monkeypatch, tmp_path):
+    import json
+
+    from herald.engine.session import _jar_settings
+
+    monkeypatch.setenv("HERALD_JARS_DIR", str(tmp_path))
+    monkeypatch.delenv("HERALD_JARS", raising=False)
+    target = jars.cache_dir()
+    target.mkdir(parents=True)
+    files = [tmp_path / "a.jar", tmp_path / "b.jar"]
+    for file in files:
+        file.write_bytes(b"PK")
+    (target / "jars.json").write_text(json.dumps({"packages": jars.packages(), "jars": [str(f) for f in files]}))
+    settings = _jar_settings({})
+    assert settings["spark.jars"] == ",".join(str(f) for f in files)
+    assert settings["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert _jar_settings({"spark.jars.packages": "x:y:1"}) == {}, "herald.yaml's own choice wins"
+    (target / "jars.json").write_text(json.dumps({"packages": ["other:pkg:1"], "jars": [str(f) for f in files]}))
+    assert _jar_settings({}) == {}, "fetched for other versions: not used"
