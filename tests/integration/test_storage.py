@@ -59,3 +59,21 @@ def test_concurrent_writers_write_the_same_tables(tmp_path):
 
 def test_reading_a_table_that_does_not_exist_gives_no_rows(tmp_path):
     assert DeltaRsStore(str(tmp_path)).read(OFFSETS, "x.y.z").num_rows == 0
+
+
+def test_several_rounds_replaced_in_one_commit_replace_each_of_their_slices_and_no_other(tmp_path):
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from herald.storage.store import Slices
+
+    store = DeltaRsStore(str(tmp_path))
+    store.replace(OFFSETS, rows("a.b.s", "topic:t", 0), Slice("topic:t", 0))
+    store.replace(OFFSETS, rows("a.b.s", "topic:t", 1), Slice("topic:t", 1))
+    version = DeltaTable(store.path(OFFSETS)).version()
+    both = Slices((Slice("topic:t", 1), Slice("catchup:t", 7)))
+    store.replace(OFFSETS, pa.concat_tables([rows("a.b.s", "topic:t", 1), rows("a.b.s", "catchup:t", 7)]), both)
+    store.replace(OFFSETS, pa.concat_tables([rows("a.b.s", "topic:t", 1), rows("a.b.s", "catchup:t", 7)]), both)
+    assert DeltaTable(store.path(OFFSETS)).version() == version + 2, "one commit each"
+    found = sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS, "a.b.s").to_pylist())
+    assert found == sorted([("topic:t", 0)] * 2 + [("topic:t", 1)] * 2 + [("catchup:t", 7)] * 2)

@@ -4,11 +4,14 @@ back-ends themselves are tested in tests/integration/test_storage.py."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 
 import pyarrow as pa
 
+from herald.engine.rounds import position_rows
+from herald.storage.tables import RETRIES_SCHEMA
 from herald.engine.exporter import PrometheusExporter
 from herald.storage.store import Slice, TableStore
 from herald.storage.writer import TableWriter
@@ -34,11 +37,9 @@ class FlakyStore(TableStore):
         raise NotImplementedError
 
 
-ROWS = pa.table({"x": [1]})
-
-
 def _round(n: int) -> tuple[Slice, list]:
-    return Slice("stream:q", n), [("retries", ROWS), ("offsets", ROWS)]
+    positions = position_rows("g.t.s", "t", {0: n}, "stream:q", n, dt.datetime.now(dt.timezone.utc))
+    return Slice("stream:q", n), [("retries", RETRIES_SCHEMA.empty_table()), ("offsets", positions)]
 
 
 def test_rounds_are_written_in_order_positions_last():
@@ -97,3 +98,26 @@ def test_the_writer_queue_is_in_the_prometheus_scrape():
         writer.close()
     assert found[("herald_table_writer_pending_rounds", ())] == 1
     assert ("herald_table_writer_wait_seconds_total", ()) in found
+
+
+def test_rounds_waiting_for_the_writer_are_written_together_one_commit_per_table_positions_last():
+    from herald.storage.store import Slices
+
+    store = FlakyStore()
+    store.down.set()
+    writer = TableWriter(store, max_pending=8)
+    for n in range(5):
+        assert writer.submit(*_round(n))
+    time.sleep(0.3)  # the writer is trying the first of them; the others wait
+    store.down.clear()
+    assert writer.close()
+
+    def rounds(part) -> list[int]:
+        return [p.batch_id for p in part.parts] if isinstance(part, Slices) else [part.batch_id]
+
+    assert len(store.written) <= 4, "five rounds, at most two commits per table"
+    assert sorted(n for table, part in store.written if table == "offsets" for n in rounds(part)) == list(range(5))
+    for index, (table, part) in enumerate(store.written):
+        if table == "offsets":
+            earlier = {n for name, other in store.written[:index] if name == "retries" for n in rounds(other)}
+            assert set(rounds(part)) <= earlier, "a round's positions only after its retries rows"

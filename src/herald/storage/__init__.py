@@ -5,7 +5,7 @@ layout, and the CLI reads it with delta-rs without starting Spark. `TableWriter`
 order on a thread of its own, so delivery never waits for a commit.
 """
 
-from herald.storage.store import DeltaRsStore, Slice, TableStore, open_store, table_root
+from herald.storage.store import DeltaRsStore, Slice, Slices, TableStore, open_store, table_root
 from herald.storage.writer import TableWriter
 
-__all__ = ["DeltaRsStore", "Slice", "TableStore", "TableWriter", "open_store", "table_root"]
+__all__ = ["DeltaRsStore", "Slice", "Slices", "TableStore", "TableWriter", "open_store", "table_root"]

@@ -33,6 +33,20 @@ class Slice:
         return f"writer = '{_sql_text(self.writer)}' AND batch_id = {int(self.batch_id)}"
 
 
+@dataclass(frozen=True)
+class Slices:
+    """Several rounds' slices replaced in one commit (the table writer merges the rounds waiting for it)."""
+
+    parts: tuple[Slice, ...]
+
+    @property
+    def predicate(self) -> str:
+        return " OR ".join(f"({part.predicate})" for part in self.parts)
+
+    def __str__(self) -> str:
+        return f"{len(self.parts)} rounds ({self.parts[0]} .. {self.parts[-1]})"
+
+
 def _sql_text(text: str) -> str:
     return text.replace("'", "''")
 
@@ -51,8 +65,9 @@ class TableStore(ABC):
         return f"{self.root}/{table}"
 
     @abstractmethod
-    def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
-        """Make `table`'s rows of `part` exactly `rows` (which must all carry its writer and batch_id)."""
+    def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
+        """Make `table`'s rows of `part` (one round's slice, or several) exactly `rows` (which must all carry
+        their slice's writer and batch_id), in one commit."""
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         """Rows of `table` (all, or one subscription's), read with delta-rs; empty if the table does not exist."""
@@ -128,7 +143,7 @@ class DeltaRsStore(TableStore):
                 current.alter.add_columns([Field.from_arrow(field) for field in missing])
             self._ready.add(path)
 
-    def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
+    def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
         from deltalake import DeltaTable, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -192,7 +207,7 @@ class SparkDeltaStore(TableStore):
         super().__init__(storage_path)
         self.spark = spark
 
-    def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
+    def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
         frame = self.spark.createDataFrame(_conform(table, rows))
         (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
          .option("mergeSchema", "true").save(self.path(table)))

@@ -6,6 +6,11 @@ given, positions last, so a crash between two commits leaves positions behind, n
 undelivered and retries tables hold (at least once). A failing write is retried with a growing pause until
 it succeeds or the writer is closed.
 
+Rounds waiting when the writer gets to them are written together: one commit per table for all of them
+(`Slices`), tables in one order for every round (`TABLE_ORDER`: positions after the records they depend on, a
+retransmission's record after its positions). A slow store (delta-spark takes about a second a commit) then
+costs a commit per table per batch of rounds, not per round.
+
 The queue is bounded (`max_pending` rounds): while storage is down or slow, `submit` waits, and so does the
 round that submits (delivery pauses, with a log line, rather than piling rounds up in the driver's memory).
 When the writer gives a slice up (closed while storage still fails), it writes nothing after it: a later
@@ -23,9 +28,15 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from herald.storage.store import Slice, TableStore
+from herald.storage.store import Slice, Slices, TableStore
+from herald.storage.tables import METRICS, OFFSETS, RETRANSMISSIONS, RETRIES, SCHEMAS, TRACKING, UNDELIVERED
 
 log = logging.getLogger(__name__)
+
+TABLE_ORDER = (UNDELIVERED, RETRIES, METRICS, TRACKING, OFFSETS, RETRANSMISSIONS)
+"""The order of a round's tables when rounds are written together; a round that lists its tables in another
+order is written on its own."""
+MAX_MERGED_ROUNDS = 32
 
 _MAX_PAUSE_S = 30.0
 MAX_PENDING_ROUNDS = 16
@@ -129,32 +140,89 @@ class TableWriter:
         return flushed and not self.abandoned
 
     def _run(self) -> None:
+        carried: SliceWrite | None = None  # taken from the queue, not mergeable with the rounds before it
         while True:
-            item = self._queue.get()
-            if item is None:
+            first = carried if carried is not None else self._queue.get()
+            carried, last = None, False
+            if first is None:
                 return
-            if self._given_up:
-                self.abandoned += 1
-            elif not self._write(item):
-                self._given_up = True
-                self.abandoned += 1
-            with self._idle:
-                self._unwritten -= 1
-                self._idle.notify_all()
+            batch = [first]
+            while len(batch) < MAX_MERGED_ROUNDS:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    last = True
+                    break
+                if not _mergeable(batch, item):
+                    carried = item
+                    break
+                batch.append(item)
+            self._write_all(batch)
+            if last:
+                return
 
-    def _write(self, item: SliceWrite) -> bool:
-        """Write one round's tables in order; False when the writer was closed while a write still failed."""
-        for table, rows in item.tables:
+    def _write_all(self, items: list[SliceWrite]) -> None:
+        """Write rounds together, in one commit per table; nothing once a round was given up."""
+        try:
+            writes = _writes(items)
+        except Exception:  # noqa: BLE001 - rows that do not concatenate: each round on its own
+            log.exception("could not write %d rounds together; writing them one by one", len(items))
+            for item in items:
+                self._write_all([item])
+            return
+        if self._given_up:
+            self.abandoned += len(items)
+        elif not self._write(writes, items[0].part if len(items) == 1 else Slices(tuple(i.part for i in items))):
+            self._given_up = True
+            self.abandoned += len(items)
+        with self._idle:
+            self._unwritten -= len(items)
+            self._idle.notify_all()
+
+    def _write(self, writes: list[tuple[str, pa.Table, Slice | Slices]], shown: Slice | Slices) -> bool:
+        """Write one round's (or several rounds') tables in order; False when the writer was closed while a write
+        still failed."""
+        for table, rows, part in writes:
             pause_s = 0.5
             while True:
                 try:
-                    self.store.replace(table, rows, item.part)
+                    self.store.replace(table, rows, part)
                     break
                 except Exception as error:  # noqa: BLE001 - logged, retried: losing it would lose positions
                     if self._closing.is_set():
-                        log.error("%s: giving up writing %s, and every round after it: %s", table, item.part, error)
+                        log.error("%s: giving up writing %s, and every round after it: %s", table, shown, error)
                         return False
-                    log.error("%s: writing %s failed (retrying in %.1f s): %s", table, item.part, pause_s, error)
+                    log.error("%s: writing %s failed (retrying in %.1f s): %s", table, shown, pause_s, error)
                     self._closing.wait(pause_s)
                     pause_s = min(pause_s * 2, _MAX_PAUSE_S)
         return True
+
+
+
+def _ordered(item: SliceWrite) -> bool:
+    order = [TABLE_ORDER.index(table) if table in TABLE_ORDER else None for table, _ in item.tables]
+    return None not in order and order == sorted(order)
+
+
+def _mergeable(batch: list[SliceWrite], item: SliceWrite) -> bool:
+    """Whether `item` may be written together with `batch`: every table of both in `TABLE_ORDER`, and its slice
+    not among theirs (a round handed over twice keeps its last rows)."""
+    return _ordered(item) and all(_ordered(other) for other in batch) and \
+        item.part not in {other.part for other in batch}
+
+
+def _writes(items: list[SliceWrite]) -> list[tuple[str, pa.Table, Slice | Slices]]:
+    """(table, rows, slices) to replace for `items`: one round's own tables as given, or, for several, per
+    table in `TABLE_ORDER` the rows of every round that lists it, under all their slices."""
+    if len(items) == 1:
+        return [(table, rows, items[0].part) for table, rows in items[0].tables]
+    writes = []
+    for table in TABLE_ORDER:
+        listed = [(item.part, rows) for item in items for name, rows in item.tables if name == table]
+        if listed:
+            schema = SCHEMAS[table]
+            rows = pa.concat_tables([rows.select(schema.names).cast(schema) for _, rows in listed])
+            writes.append((table, rows, Slices(tuple(part for part, _ in listed))))
+    return writes
