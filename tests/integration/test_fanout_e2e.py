@@ -1,4 +1,4 @@
-"""One query per topic, shared by many subscriptions that each move at their own pace (DESIGN.md §2).
+"""One query per topic, shared by many subscriptions that each move at their own pace (docs/design.md §2).
 
 Real broker, real Spark, real HTTP subscribers on 127.0.0.1, real Delta tables.
 """

@@ -1,4 +1,4 @@
-"""Every row of DESIGN.md §4's classification table, plus Retry-After parsing."""
+"""Every row of docs/design.md §4's classification table, plus Retry-After parsing."""
 
 import email.utils
 

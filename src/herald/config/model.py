@@ -1,4 +1,4 @@
-"""The YAML files' schema, with Hermes' field names, defaults and limits (DESIGN.md §4), in one place.
+"""The YAML files' schema, with Hermes' field names, defaults and limits (docs/design.md §4), in one place.
 
 Models are frozen; unknown keys are errors. Units are as in the YAML (Hermes mixes s and ms); the properties
 that hand values to the engine and the delivery code (`Subscription.delivery_spec`,

@@ -1,4 +1,4 @@
-"""The HTTP headers every delivery attempt carries (DESIGN.md §4, Hermes' HTTP sender).
+"""The HTTP headers every delivery attempt carries (docs/design.md §4, Hermes' HTTP sender).
 
 The fixed part is built once per task (`static_headers`); each attempt adds only its message id and retry count.
 """

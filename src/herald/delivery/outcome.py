@@ -1,6 +1,6 @@
 """Classification of one delivery attempt: delivered, retry or discard, and whether it slows the flow.
 
-This is DESIGN.md §4's back-pressure table, in one tested place:
+This is docs/design.md §4's back-pressure table, in one tested place:
 
 | answer                                                      | retried               | slows the flow |
 |-------------------------------------------------------------|-----------------------|----------------|

@@ -44,6 +44,6 @@ class DeliverySpec:
 
     @property
     def ordered(self) -> bool:
-        """inflight 1 keeps partition order (DESIGN.md §4), as BATCH does: such a subscription never parks a
+        """inflight 1 keeps partition order (docs/design.md §4), as BATCH does: such a subscription never parks a
         message."""
         return self.inflight == 1 or self.batch is not None

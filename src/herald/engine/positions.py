@@ -1,7 +1,7 @@
 """Where a subscription stands in each partition, and how a round moves it (pure functions, no Spark).
 
 A subscription's position in a partition is the first offset not yet delivered, discarded or parked
-(DESIGN.md §2). A round (a micro-batch of the topic's shared query, or a catch-up read) covers, per
+(docs/design.md §5). A round (a micro-batch of the topic's shared query, or a catch-up read) covers, per
 partition, the offsets [start, end). After it, each task says how far it read each partition it had and
 whether it read all its input, and each subscription's lane says where it must stop (`stops`): at its first
 message never attempted, or an ordered subscription's unfinished retry. `advance` turns that into the new

@@ -1,6 +1,6 @@
 """The filters of every subscription of a topic evaluated in one projection (`with_targets`).
 
-A topic's cost is paid once, whatever the number of subscriptions (DESIGN.md section 2). The distinct rules of
+A topic's cost is paid once, whatever the number of subscriptions (docs/design.md §2). The distinct rules of
 all the rule sets are compiled together, into helper columns computed once per row and conditions that read them:
 
 1. helper columns, in a first projection: one `from_json` for the union of every member-name path (`$.a.b`,

@@ -1,8 +1,10 @@
-"""Delta tables under the storage path: undelivered, offsets, metrics and retries (DESIGN.md §7).
+"""Delta tables under the storage path: undelivered, offsets, retries, metrics, tracking, retransmissions and
+leases (docs/design.md §7).
 
 `open_store` picks the back-end (delta-spark when its jars load, delta-rs otherwise); both write the same
 layout, and the CLI reads it with delta-rs without starting Spark. `TableWriter` writes rounds' slices in
-order on a thread of its own, so delivery never waits for a commit.
+order on a thread of its own (a bounded queue), so delivery never waits for a commit; `StorageLease` keeps a
+second job off the same storage path.
 """
 
 from herald.storage.store import DeltaRsStore, Slice, Slices, TableStore, open_store, table_root

@@ -9,7 +9,7 @@ classification (`herald.delivery.outcome.classify`) is the same whichever runs:
 - `requests` (`herald.delivery.transport.threaded`): requests' HTTPAdapter on a bounded thread pool, for
   where pycurl cannot load.
 
-Semantics on both (DESIGN.md §4):
+Semantics on both (docs/design.md §4):
 
 - `request_timeout_s` is a total for the attempt (connect, send, wait, read);
 - `socket_timeout_s` (0 = none) is an idle limit while the answer is awaited and read (libcurl checks it

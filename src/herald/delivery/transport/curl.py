@@ -11,7 +11,7 @@ certifi's CA bundle for https, no signals. The answer's head is written into a b
 Retry-After only; the body is counted and dropped (`MAX_ANSWER_BODY_BYTES` at most: a longer answer stops the
 transfer, its connection is closed, and its status is still returned).
 
-Timeouts (DESIGN.md §4): `request_timeout_s` is libcurl's total timeout (TIMEOUT_MS). `socket_timeout_s` is
+Timeouts (docs/design.md §4): `request_timeout_s` is libcurl's total timeout (TIMEOUT_MS). `socket_timeout_s` is
 watched here, not by libcurl: every `_IDLE_CHECK_S` `poll` looks at the bytes each watched attempt has moved
 (request, answer head, answer body) and aborts one that has moved none for that long once its request began
 to go out (so the connect is bounded by the total only, as in the requests transport). Measured on 127.0.0.1:

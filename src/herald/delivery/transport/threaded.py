@@ -5,7 +5,7 @@ pool has at most `min(max_open, MAX_THREADS)` threads, whatever the number of su
 queued to the threads and their results come back through a queue that `poll` reads.
 
 Requests go straight to an HTTPAdapter (no Session): no redirects, cookies, proxies or .netrc taken from the
-environment. Timeouts (DESIGN.md §4):
+environment. Timeouts (docs/design.md §4):
 
 - `request_timeout_s` is a total: the connect and the wait for the answer's head are bounded by it, and the
   body is read only while it has not passed;
