@@ -24,9 +24,9 @@ conf = dbutils.widgets.get("conf").strip()
 
 # COMMAND ----------
 
-from herald import inspect as herald_inspect
+from herald import notebooks as herald_notebooks
 
-metrics = herald_inspect.metrics_frame(storage_path, subscription, window_hours, spark=spark)
+metrics = herald_notebooks.metrics_frame(storage_path, subscription, window_hours, spark=spark)
 totals = metrics[["delivered", "discarded", "filtered", "attempts", "parked"]].sum()
 print(f"{subscription}, last {window_hours:g} h: " + ", ".join(f"{name} {int(value)}" for name, value in totals.items()))
 
@@ -40,12 +40,12 @@ print(f"{subscription}, last {window_hours:g} h: " + ", ".join(f"{name} {int(val
 
 # COMMAND ----------
 
-display(herald_inspect.per_minute(metrics, ["delivered", *herald_inspect.ANSWER_CLASSES]).reset_index())
-lag = herald_inspect.lag_frame(conf, subscription) if conf else None
+display(herald_notebooks.per_minute(metrics, ["delivered", *herald_notebooks.ANSWER_CLASSES]).reset_index())
+lag = herald_notebooks.lag_frame(conf, subscription) if conf else None
 if lag is not None:
     display(lag)
 
 # COMMAND ----------
 
-metrics_figure = herald_inspect.plot_metrics(metrics, lag=lag)
+metrics_figure = herald_notebooks.plot_metrics(metrics, lag=lag)
 display(metrics_figure)

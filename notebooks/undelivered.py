@@ -21,9 +21,9 @@ window_hours = float(dbutils.widgets.get("window_hours"))
 
 # COMMAND ----------
 
-from herald import inspect as herald_inspect
+from herald import notebooks as herald_notebooks
 
-undelivered = herald_inspect.undelivered_frame(storage_path, subscription, window_hours, spark=spark)
+undelivered = herald_notebooks.undelivered_frame(storage_path, subscription, window_hours, spark=spark)
 print(f"{len(undelivered)} discarded message(s) for {subscription} in the last {window_hours:g} h")
 
 # COMMAND ----------
@@ -33,7 +33,7 @@ print(f"{len(undelivered)} discarded message(s) for {subscription} in the last {
 
 # COMMAND ----------
 
-display(herald_inspect.latest_discards(undelivered, limit=50))
+display(herald_notebooks.latest_discards(undelivered, limit=50))
 
 # COMMAND ----------
 
@@ -42,7 +42,7 @@ display(herald_inspect.latest_discards(undelivered, limit=50))
 
 # COMMAND ----------
 
-discards_figure = herald_inspect.plot_discards(undelivered)
+discards_figure = herald_notebooks.plot_discards(undelivered)
 display(discards_figure)
 
 # COMMAND ----------
@@ -56,5 +56,5 @@ display(discards_figure)
 # COMMAND ----------
 
 message_id = None
-tracking = herald_inspect.tracking_frame(storage_path, subscription, spark=spark)
-print(herald_inspect.message_detail(undelivered, message_id, tracking))
+tracking = herald_notebooks.tracking_frame(storage_path, subscription, spark=spark)
+print(herald_notebooks.message_detail(undelivered, message_id, tracking))

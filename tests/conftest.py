@@ -31,7 +31,7 @@ def broker(tmp_path_factory) -> EmbeddedBroker:
 @pytest.fixture(scope="session")
 def spark():
     """A real local SparkSession with two cores, as CI has."""
-    from herald.engine.session import get_or_create_session
+    from herald.session import get_or_create_session
 
     os.environ.setdefault("HERALD_TEST", "1")
     session = get_or_create_session("local[2]", {"spark.sql.shuffle.partitions": "2"}, app_name="herald-tests")

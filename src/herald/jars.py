@@ -4,7 +4,7 @@ delta-spark, fetched once into a cache that Herald's own SparkSession uses.
 On a cluster the platform provides them (`spark-submit --packages ...`, or a Databricks runtime). For local runs,
 the tests and the demo, `herald jars fetch` (run by `make install`) resolves them with Spark's own resolver
 (`spark.jars.packages`: Maven Central through Ivy, as `--packages` does) into the cache directory
-(`HERALD_JARS_DIR`, default `~/.cache/herald/jars/<versions>`), and `herald.engine.session` adds the cached
+(`HERALD_JARS_DIR`, default `~/.cache/herald/jars/<versions>`), and `herald.session` adds the cached
 files (`spark.jars`) to a session it builds itself, so that `kafka.connector: auto` and `storage.engine: auto`
 pick them. `HERALD_JARS=off` leaves them out (the Python Kafka source and delta-rs then run, as where no jar can
 be had).

@@ -81,7 +81,7 @@ def run_herald(args) -> dict:
 
     from herald.config.loader import load_config
     from herald.engine.runner import Runner
-    from herald.engine.session import get_or_create_session
+    from herald.session import get_or_create_session
     from herald.storage import DeltaRsStore
     from herald.storage.tables import METRICS
     from tests.support.herald_env import write_conf

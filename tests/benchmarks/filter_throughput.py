@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from herald.engine.session import get_or_create_session  # noqa: E402
+from herald.session import get_or_create_session  # noqa: E402
 from herald.filters import FilterRule, evaluate, filter_column  # noqa: E402
 from herald.filters.compile import python_udf_column  # noqa: E402
 from herald.filters.targets import with_targets  # noqa: E402

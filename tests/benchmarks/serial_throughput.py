@@ -575,7 +575,7 @@ def run_herald(args) -> dict:
     from herald.config.loader import load_config
     from herald.engine.runner import Runner
     from herald.engine.topic import TopicPipeline
-    from herald.engine.session import get_or_create_session
+    from herald.session import get_or_create_session
     from herald.storage import DeltaRsStore
     from herald.storage.tables import METRICS, TRACKING
     from tests.support.herald_env import write_conf

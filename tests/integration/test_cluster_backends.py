@@ -8,7 +8,7 @@ import pytest
 
 from herald.config import load_config
 from herald.engine.runner import Runner
-from herald.engine.session import jvm_class_loads
+from herald.session import jvm_class_loads
 from herald.source.stream import SPARK_KAFKA_CLASS, choose_connector
 import datetime as dt
 

@@ -10,7 +10,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.errors import AnalysisException, StreamingQueryException
 
-from herald.engine.session import jvm_class_loads
+from herald.session import jvm_class_loads
 from herald.source import PYTHON_SOURCE_NAME
 from herald.source.stream import SPARK_KAFKA_CLASS, read_kafka_range
 from tests.integration.test_python_kafka_source import (

@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 from herald.config import load_config
 from herald.engine.runner import Runner
-from herald.inspect import ANSWER_CLASSES
+from herald.notebooks import ANSWER_CLASSES
 from herald.storage import DeltaRsStore
 from herald.storage.tables import METRICS, UNDELIVERED
 from tests.support.herald_env import produce, write_conf

@@ -34,7 +34,7 @@ def test_jars_can_be_left_out(monkeypatch, tmp_path):
 def test_a_session_herald_builds_gets_the_fetched_jars_and_deltas_extension(monkeypatch, tmp_path):
     import json
 
-    from herald.engine.session import _jar_settings
+    from herald.session import _jar_settings
 
     monkeypatch.setenv("HERALD_JARS_DIR", str(tmp_path))
     monkeypatch.delenv("HERALD_JARS", raising=False)

@@ -10,7 +10,7 @@ from pyspark import cloudpickle  # the pickler Spark ships functions to its work
 from herald.config.model import SerialPolicy, Subscription
 from herald.delivery.flow import FlowSettings
 from herald.delivery.plan import TaskPlan
-from herald.delivery.task import delivery_task
+from herald.engine.task import delivery_task
 from herald.engine.planner import lane_plan
 from herald.engine.state import SubscriptionState
 

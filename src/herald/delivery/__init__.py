@@ -1,13 +1,16 @@
 """Executor side of Herald: everything that runs inside a Spark task to deliver messages over HTTP.
 
-Nothing in this package imports pyspark or touches driver state. A task receives a plain, picklable
-`DeliveryPlan` and an iterator of records, and returns plain report rows. That keeps every piece
-unit-testable without Spark:
+Nothing in this package imports pyspark, the engine or the configuration models (tests/unit/test_layering.py).
+A task receives a plain, picklable `plan.TaskPlan` and an iterator of `input.InputBatch`es, and returns a
+`report.TaskReport`; `herald.engine.task` is the Spark glue around it. That keeps every piece unit-testable
+without Spark:
 
-- `policy`: when to retry and when to give up (backoff, jitter, TTL, max attempts).
-- `outcome`: classification of one HTTP attempt (the back-pressure table of docs/design.md §4).
-- `flow`: the hard rate cap and the adaptive controller that slows down for a struggling subscriber.
-- `transport`: the HTTP client (requests, keep-alive pools, total and idle timeouts).
-- `headers`: the headers every attempt carries.
-- `sender`: the delivery loop of one task.
+- `message`: a record, its retry state, a delivery in flight; `spec` and `policy`: a subscription's delivery
+  settings in the code's units, and when to retry or give up (backoff, jitter, TTL, max attempts).
+- `outcome`: the classification of one attempt (docs/design.md §4); `flow`: the hard rate cap and the adaptive
+  controller; `headers`, `signing`, `oauth`: what each attempt carries.
+- `transport`: the non-blocking HTTP clients (libcurl's multi interface, requests on a bounded thread pool).
+- `lane` and `batch`: one subscription in a task (SERIAL, BATCH); `sender`: the task's delivery loop over all of
+  them; `input`: the task's rows as records, read ahead; `control`: the driver's word on which subscriptions
+  are still delivered; `report`: what the task says back.
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from herald.delivery.flow import FlowState
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.report import REPORT_DDL, LaneCounters, TaskReport
-from herald.delivery.task import delivery_task
+from herald.engine.task import delivery_task
 from herald.engine.positions import Lost, advance
 from herald.engine.rounds import SubscriptionOutcome
 from herald.engine.state import SubscriptionState

@@ -29,7 +29,7 @@ from herald.engine.control import ControlServer
 from herald.engine.moves import MoveWatcher, unapplied_moves
 from herald.engine.positions import behind
 from herald.engine.retries import RetryDriver
-from herald.engine.session import get_or_create_session
+from herald.session import get_or_create_session
 from herald.engine.state import StateBook, SubscriptionState
 from herald.engine.supervision import QuerySupervisor
 from herald.engine.topic import TopicPipeline

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
-from herald.engine.session import jvm_class_loads
+from herald.session import jvm_class_loads
 from herald.source import PYTHON_SOURCE_NAME, register_python_source
 
 log = logging.getLogger(__name__)

@@ -260,7 +260,7 @@ DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
 
 def open_store(engine: str, storage_path: str, spark=None, storage_options: dict[str, str] | None = None) -> TableStore:
     """The table store for `engine` ('auto' | 'spark' | 'deltalake'); 'auto' prefers delta-spark when it loads."""
-    from herald.engine.session import jvm_class_loads
+    from herald.session import jvm_class_loads
 
     if engine not in ("auto", "spark", "deltalake"):
         raise ValueError(f"storage.engine must be auto, spark or deltalake, not {engine!r}")
