@@ -39,6 +39,15 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="module")
+def source_spark(spark):
+    """The session with Herald's Python Kafka Data Source registered (`herald_kafka`)."""
+    from herald.source import register_python_source
+
+    register_python_source(spark)
+    return spark
+
+
 _topic_counter = itertools.count()
 
 

@@ -235,8 +235,7 @@ def cmd_retransmit(args) -> int:
 
     current = stored_positions(store).get((subscription.id, kafka_topic), {})
     try:
-        move = plan_move({"bootstrap.servers": kafka.bootstrapServers, **kafka.properties}, subscription.id,
-                         kafka_topic, current, date)
+        move = plan_move(kafka.client_config(), subscription.id, kafka_topic, current, date)
     except KafkaOffsetsError as error:
         print(f"{args.id}: {error}", file=sys.stderr)
         return 1

@@ -120,8 +120,7 @@ def lag(config: HeraldConfig, subscription: Subscription, timeout_s: float = 3.0
     kafka_topic = config.topic_of(subscription).kafka_topic
     positions = {row["partition"]: row["offset"] for row in offsets(config, subscription) if row["topic"] == kafka_topic}
     try:
-        marks = partition_watermarks({"bootstrap.servers": config.settings.kafka.bootstrapServers,
-                                      **config.settings.kafka.properties}, [kafka_topic], timeout_s)[kafka_topic]
+        marks = partition_watermarks(config.settings.kafka.client_config(), [kafka_topic], timeout_s)[kafka_topic]
     except KafkaOffsetsError as error:
         return [], str(error)
     return [{"partition": partition, "endOffset": high, "position": positions.get(partition),

@@ -380,7 +380,7 @@ def avro_variant(spark, clock: Clock, args) -> None:
     for _ in range(args.rounds):  # interleaved, best of each: both sides see the same machine
         herald_runs.append(clock.measure(herald_run, jvm="tree"))
         python_runs.append(clock.measure(python_run, jvm=False))
-    herald_matches = herald_runs[0][0]
+    herald_matched = herald_runs[0][0]
     herald_wall = min(run[1] for run in herald_runs)
     herald_cpu = min(run[2] for run in herald_runs)
     python_matches = python_runs[0][0]
@@ -417,7 +417,7 @@ def avro_variant(spark, clock: Clock, args) -> None:
           f"{python_decode_wall / python_wall:.0%} of the time")
 
     print(f"\n(a) Herald (mapInArrow decode + compiled avropath, Spark {cores} cores): {herald_rate:>10,.0f} rows/s "
-          f"({herald_wall:.2f} s for {total:,} rows, {herald_matches:,} matches), "
+          f"({herald_wall:.2f} s for {total:,} rows, {herald_matched:,} matches), "
           f"{herald_per_cpu:,.0f} rows per CPU-second (JVM + Python workers)")
     print(f"(b) per-row Python (fastavro + herald.filters.evaluate, 1 thread): {python_rate:>10,.0f} rows/s, "
           f"{python_per_cpu:,.0f} rows per CPU-second; measured on a sample of {len(sample):,} rows "

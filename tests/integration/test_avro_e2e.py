@@ -4,61 +4,18 @@ a schema file or a Confluent-compatible registry; JSON and AVRO deliveries; unde
 from __future__ import annotations
 
 import io
-import json
-from pathlib import Path
 
 import fastavro
 import pytest
-import yaml
-from confluent_kafka import Producer
 
 from herald import readout
 from herald.config import load_config
 from herald.engine.runner import Runner
-from tests.support.herald_env import write_conf
+from tests.support.avro_topics import ORDER, ORDER_V2, avro_conf, order, produce_raw
 from tests.support.registry import SchemaRegistryServer, avro_bytes, wire_bytes
 from tests.support.subscriber import ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-
-ORDER = {
-    "type": "record", "name": "Order", "namespace": "shop",
-    "fields": [
-        {"name": "id", "type": "int"},
-        {"name": "user", "type": {"type": "record", "name": "User", "fields": [
-            {"name": "name", "type": ["null", "string"]},
-            {"name": "addresses", "type": {"type": "array", "items": {
-                "type": "record", "name": "Address", "fields": [{"name": "city", "type": "string"}]}}},
-        ]}},
-        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
-    ],
-}
-ORDER_V2 = {**ORDER, "fields": ORDER["fields"] + [{"name": "priority", "type": "int", "default": 0}]}
-
-
-def order(i: int, cities: list[str], status: str = "NEW", name: str | None = "ann") -> dict:
-    return {"id": i, "user": {"name": name, "addresses": [{"city": c} for c in cities]}, "status": status}
-
-
-def produce_raw(bootstrap_servers: str, topic: str, values: list[tuple[bytes, list]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap_servers})
-    for value, headers in values:
-        producer.produce(topic, value=value, headers=headers)
-    producer.flush(30)
-
-
-def avro_conf(tmp_path: Path, broker, topic: str, subscriptions: dict, schema_file: bool = True,
-              registry_url: str | None = None) -> Path:
-    settings = {"schemaRegistry": {"url": registry_url}} if registry_url else {}
-    conf = write_conf(tmp_path, broker.bootstrap_servers, topic, subscriptions, settings=settings)
-    topic_file = {"name": topic, "contentType": "AVRO"}
-    if schema_file:
-        (conf / "schemas").mkdir()
-        (conf / "schemas" / f"{topic}.avsc").write_text(json.dumps(ORDER))
-        topic_file["schemaFile"] = f"schemas/{topic}.avsc"
-    (conf / "topics" / f"{topic}.yaml").write_text(yaml.safe_dump(topic_file))
-    return conf
-
 
 def by_path(sub: ScriptedSubscriber, path: str) -> list:
     return [r for r in sorted(sub.requests, key=lambda r: r.at) if r.path == path]

@@ -12,7 +12,7 @@ from herald.config import load_config
 from herald.engine.runner import Runner
 from herald.storage import DeltaRsStore
 from herald.storage.tables import UNDELIVERED
-from tests.integration.test_avro_e2e import ORDER, avro_conf, order, produce_raw
+from tests.support.avro_topics import ORDER, avro_conf, order, produce_raw
 from tests.support.herald_env import produce, write_conf
 from tests.support.registry import avro_bytes
 from tests.support.subscriber import Reply, ScriptedSubscriber

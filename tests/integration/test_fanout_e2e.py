@@ -182,19 +182,21 @@ def test_live_configuration_add_edit_suspend_activate_and_an_invalid_edit(broker
     with ScriptedSubscriber() as sub:
         conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {"a": {"endpoint": sub.url + "/a"}}})
         produce(broker.bootstrap_servers, topic_name, [{"i": i, "k": "x"} for i in range(5)])
-        with RunningHerald(conf, spark):
+        with RunningHerald(conf, spark) as running:
             assert wait_until(lambda: ids("/a") == list(range(5)), timeout_s=60)
             # added while running: `latest` gets only what comes after it is seen; `earliest` catches up alone
             write_subscription(conf, topic_name, "late", {"endpoint": sub.url + "/late", "startingOffsets": "latest"})
             write_subscription(conf, topic_name, "early", {"endpoint": sub.url + "/early"})
             assert wait_until(lambda: ids("/early") == list(range(5)), timeout_s=60)
-            time.sleep(1.5)
+            pipeline = running.runner.pipelines[topic_name]
+            assert wait_until(lambda: f"{topic_name}.late" in pipeline.states, timeout_s=30), "late is delivered"
             produce(broker.bootstrap_servers, topic_name, [{"i": i, "k": "y"} for i in range(5, 10)])
             assert wait_until(lambda: ids("/late") == list(range(5, 10)) and ids("/a") == list(range(10)),
                               timeout_s=60)
             # suspended: nothing new; activated: what was published meanwhile follows
+            generation = running.generation
             write_subscription(conf, topic_name, "a", {"endpoint": sub.url + "/a", "state": "SUSPENDED"})
-            time.sleep(2.0)
+            assert running.applied(generation)
             produce(broker.bootstrap_servers, topic_name, [{"i": i, "k": "x"} for i in range(10, 15)])
             assert wait_until(lambda: ids("/early") == list(range(15)), timeout_s=60)
             assert ids("/a") == list(range(10))
@@ -203,9 +205,11 @@ def test_live_configuration_add_edit_suspend_activate_and_an_invalid_edit(broker
                                                           "filters": [{"type": "jsonpath", "path": "$.k",
                                                                        "matcher": "x"}]})
             (conf / "subscriptions" / "early.yaml").write_text("topicName: [not, valid\n")
+            generation = running.generation
             write_subscription(conf, topic_name, "a", {"endpoint": sub.url + "/a", "state": "ACTIVE"})
             assert wait_until(lambda: ids("/a") == list(range(15)), timeout_s=60)
-            time.sleep(1.0)
+            assert wait_until(lambda: running.generation > generation and pipeline.states[
+                f"{topic_name}.late"].subscription.filters, timeout_s=30), "the edit of late applied"
             produce(broker.bootstrap_servers, topic_name, [{"i": 15, "k": "y"}, {"i": 16, "k": "x"}])
             assert wait_until(lambda: ids("/early") == list(range(17)) and 16 in ids("/late"), timeout_s=60)
             time.sleep(1.0)

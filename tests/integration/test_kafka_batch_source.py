@@ -13,13 +13,7 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 from herald.session import jvm_class_loads
 from herald.source import PYTHON_SOURCE_NAME
 from herald.source.stream import SPARK_KAFKA_CLASS, read_kafka_range
-from tests.integration.test_python_kafka_source import (
-    BASE_TS_MS,
-    base_options,
-    produce,
-    run_available_now,
-    source_spark,  # noqa: F401 - fixture
-)
+from tests.support.kafka_source import BASE_TS_MS, base_options, produce, run_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 

@@ -12,7 +12,7 @@ import pytest
 
 from herald.source.consumers import CONSUMERS
 from herald.source.fetch import DataLossError, read_offset_range
-from tests.integration.test_python_kafka_source import produce, simple_records
+from tests.support.kafka_source import produce, simple_records
 
 pytestmark = [pytest.mark.broker]
 

@@ -45,7 +45,6 @@ def test_a_change_with_a_topic_that_cannot_start_yet_applies_the_rest_and_retrie
             assert wait_until(lambda: runner.supervisor.failing(later) is not None, 30)
             produce(broker.bootstrap_servers, topic_name, [{"i": 1}])
             assert wait_until(lambda: _received(sub, "/late") == [1] and _received(sub, "/a1") == [0, 1], 60)
-            time.sleep(1)
             broker.create_topics({later: 1})
             produce(broker.bootstrap_servers, later, [{"i": i} for i in range(10, 13)])  # before it starts
             assert wait_until(lambda: later in runner.pipelines and runner.supervisor.failing(later) is None, 120)
@@ -66,7 +65,7 @@ def test_a_suspension_and_an_endpoint_edit_reach_the_round_already_delivering(br
         fields = {"endpoint": f"{sub.url}/old", "subscriptionPolicy": {"inflightSize": 1}}
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {
             "s": fields, "other": {"endpoint": f"{sub.url}/other"}}, settings={"streaming": {"batchDeadlineMs": 20000}})
-        with RunningHerald(conf, spark):  # running: its first micro-batch is done
+        with RunningHerald(conf, spark) as running:  # running: its first micro-batch is done
             produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(100)])
             assert wait_until(lambda: sum(r.path == "/old" for r in sub.requests) >= 3, 60)
             write_subscription(conf, topic_name, "s", {**fields, "endpoint": f"{sub.url}/new"})
@@ -74,10 +73,12 @@ def test_a_suspension_and_an_endpoint_edit_reach_the_round_already_delivering(br
             old = sum(r.path == "/old" for r in sub.requests)
             assert old < 40, f"{old} messages went to the old endpoint: the round went on as planned"
             new_before = sum(r.path == "/new" for r in sub.requests)
+            generation = running.generation
             write_subscription(conf, topic_name, "s", {**fields, "endpoint": f"{sub.url}/new", "state": "SUSPENDED"})
-            time.sleep(3)
+            assert running.applied(generation)
+            time.sleep(1.5)  # two configPollMs for the round's tasks to ask, and an answer in flight
             stopped_at = sum(r.path == "/new" for r in sub.requests)
-            time.sleep(3)
+            time.sleep(3)  # a window to see that nothing more comes
             assert sum(r.path == "/new" for r in sub.requests) == stopped_at, "nothing is sent while it is suspended"
             assert stopped_at - new_before < 40
             write_subscription(conf, topic_name, "s", {**fields, "endpoint": f"{sub.url}/new"})

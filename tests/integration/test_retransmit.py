@@ -154,9 +154,9 @@ def test_a_move_recorded_while_the_job_stops_is_applied_by_the_next_run_exactly_
             cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date", "-1h", "--json")
             produce(broker.bootstrap_servers, topic_name, [{"i": 5}])
             assert wait_until(lambda: len(sub.requests) == 6, 60)
-            time.sleep(1)  # its round's positions are written after the move's
-        newest = cli_json(capsys, "offsets", "--conf", str(conf), sid, "--json")
-        assert [p["offset"] for p in newest] == [6], "the stopping job's positions passed the move's"
+            assert wait_until(lambda: [p["offset"] for p in cli_json(capsys, "offsets", "--conf", str(conf), sid,
+                                                                     "--json")] == [6], 30), \
+                "the job's positions, written after the move's, passed it"
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
         assert sorted(r.json()["i"] for r in sub.requests) == sorted([*range(6), *range(6)]), "moved back: again"
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
@@ -186,9 +186,12 @@ def test_a_carried_message_delivered_later_is_not_carried_again_after_a_move_bac
             write_subscription(conf, topic_name, "s", {**fields, "state": "SUSPENDED"})
             assert wait_until(lambda: topic_name not in running.runner.pipelines, 30), "its topic stops: none left"
             cli_json(capsys, "retransmit", "--conf", str(conf), sid, "--date", "-1h", "--json")
-            time.sleep(2)  # applied by the running job's move watcher
+            store = DeltaRsStore(str(tmp_path / "storage"))
+            assert wait_until(lambda: all(row["applied_at"] for row in store.read(RETRANSMISSIONS).to_pylist()), 30), \
+                "applied by the running job's move watcher"
         write_subscription(conf, topic_name, "s", fields)
-        time.sleep(3)  # the old retry state's messageTtl (4 s from its first read) is over
+        first_read = min(row["first_read_at"] for row in states if row["state"] == "HELD")
+        time.sleep(max(0.0, first_read.timestamp() + 4.5 - time.time()))  # the old state's messageTtl (4 s) is over
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
     again = [r for r in sub.requests[3:]]
     assert [(r.json()["i"], r.headers["Hermes-Retry-Count"]) for r in again][:1] == [(0, "0")]

@@ -12,7 +12,7 @@ from standardwebhooks import Webhook
 
 from herald.config import load_config
 from herald.engine.runner import Runner
-from tests.integration.test_avro_e2e import ORDER, avro_conf, order, produce_raw
+from tests.support.avro_topics import ORDER, avro_conf, order, produce_raw
 from tests.support.herald_env import produce, write_conf
 from tests.support.registry import avro_bytes
 from tests.support.subscriber import ScriptedSubscriber

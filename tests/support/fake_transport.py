@@ -16,22 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from herald.delivery.transport import HttpAnswer, HttpRequest, Transport
-
-
-class FakeClock:
-    def __init__(self, start_s: float = 1000.0, wall_start_ms: int = 1_800_000_000_000) -> None:
-        self.now = start_s
-        self._start = start_s
-        self._wall_start_ms = wall_start_ms
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall_ms(self) -> int:
-        return self._wall_start_ms + int(round((self.now - self._start) * 1000))
-
-    def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
+from tests.support.clock import FakeClock
 
 
 @dataclass

@@ -30,6 +30,15 @@ class RunningHerald:
             timeout_s=120), "herald run did not start"
         return self
 
+    def applied(self, since: int, timeout_s: float = 30) -> bool:
+        """Wait until the job applied a configuration change after generation `since` (see `generation`)."""
+        return wait_until(lambda: self.runner.config_generation > since, timeout_s=timeout_s)
+
+    @property
+    def generation(self) -> int:
+        """The job's configuration generation now: take it before editing the conf, then `applied(it)`."""
+        return self.runner.config_generation
+
     def __exit__(self, *exc) -> None:
         self.runner.stop()
         self._thread.join(timeout=180)

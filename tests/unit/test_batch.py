@@ -13,7 +13,7 @@ from herald.delivery.policy import EndedBy, RetryPolicy
 from herald.delivery.spec import BatchSpec
 from herald.delivery.transport import HttpAnswer
 from tests.support.fake_transport import FakeClock, ok
-from tests.unit.test_sender import TOPIC, batch, lane, lane_report, record, run
+from tests.support.delivery import TOPIC, batch, lane, lane_report, record, run
 
 SUBSCRIPTION = "g.t.s"
 

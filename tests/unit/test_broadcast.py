@@ -13,7 +13,7 @@ from herald.delivery.policy import RetryPolicy
 from herald.delivery.report import TaskReport
 from herald.delivery.transport import HttpAnswer
 from tests.support.fake_transport import FakeClock
-from tests.unit.test_sender import batch, lane, lane_report, record, run
+from tests.support.delivery import batch, lane, lane_report, record, run
 
 A, B = Target("http://a/", shown="http://a/"), Target("http://b/", shown="http://u:*****@b/")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from herald.config import ConfigError, LoadResult, conf_fingerprint, load_config, load_config_lenient
-from tests.unit.test_config import SETTINGS, SUBSCRIPTION, TOPIC, write_conf
+from tests.support.config_files import SETTINGS, SUBSCRIPTION, TOPIC, write_conf
 
 OTHER = SUBSCRIPTION.replace("name: billing", "name: audit")
 BAD = SUBSCRIPTION.replace("http://127.0.0.1:8080/orders", "http://user:topsecret@127.0.0.1/x") + textwrap.dedent("""

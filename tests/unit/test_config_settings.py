@@ -10,7 +10,7 @@ import pytest
 from herald.config import load_config
 from herald.config.model import DeliverySettings, HeraldSettings, SerialPolicy, StreamingSettings, Subscription
 from herald.delivery.spec import DeliverySpec
-from tests.unit.test_config import SETTINGS, problems_of, write_conf
+from tests.support.config_files import SETTINGS, problems_of, write_conf
 
 
 def test_defaults_of_the_new_settings(tmp_path):

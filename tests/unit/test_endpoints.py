@@ -13,8 +13,8 @@ from herald.delivery.plan import Target
 from herald.delivery.policy import EndedBy
 from herald.delivery.transport import HttpAnswer
 from herald.endpoint import Endpoint, MissingField, fill, placeholders
-from tests.unit.test_config import SUBSCRIPTION, write_conf
-from tests.unit.test_sender import batch, lane, lane_report, record, run
+from tests.support.config_files import SUBSCRIPTION, write_conf
+from tests.support.delivery import batch, lane, lane_report, record, run
 
 LIST = SUBSCRIPTION.replace("endpoint: http://127.0.0.1:8080/orders",
                             "endpoints: ['http://a:pw-one@127.0.0.1:8080/a', 'http://127.0.0.1:8081/b/{order.id}']")

@@ -4,15 +4,14 @@ scrape."""
 
 from __future__ import annotations
 
-import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
 
 from herald.config.model import Subscription
 from herald.delivery.flow import FlowMode, FlowState
 from herald.delivery.report import LaneCounters
 from herald.engine.exporter import PrometheusExporter
 from herald.engine.rounds import RoundResult, SubscriptionOutcome
+from tests.support.prometheus import samples
 
 
 def subscription(name: str, delivery_type: str = "SERIAL") -> Subscription:
@@ -22,15 +21,6 @@ def subscription(name: str, delivery_type: str = "SERIAL") -> Subscription:
 def outcome(name: str, delivery_type: str = "SERIAL", **counts) -> SubscriptionOutcome:
     return SubscriptionOutcome(subscription(name, delivery_type), counters=LaneCounters(**counts),
                                flow_state=FlowState(FlowMode.NORMAL, 42.5, 0))
-
-
-def samples(exporter: PrometheusExporter) -> dict[tuple[str, tuple], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5).read().decode()
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
 
 
 def test_counters_sum_the_rounds_and_gauges_follow_the_last_one():

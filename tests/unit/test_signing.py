@@ -18,8 +18,8 @@ from herald.delivery.policy import RetryPolicy
 from herald.delivery.signing import signature, signature_lines, signing_key
 from herald.delivery.transport import HttpAnswer
 from tests.support.fake_transport import FakeClock
-from tests.unit.test_config import SUBSCRIPTION, write_conf
-from tests.unit.test_sender import batch, lane, record, run
+from tests.support.config_files import SUBSCRIPTION, write_conf
+from tests.support.delivery import batch, lane, record, run
 
 RAW = "a-raw-secret-of-32-bytes-long-ok"
 ENCODED = "whsec_" + base64.b64encode(b"k" * 32).decode()

@@ -11,16 +11,9 @@ import os
 import pytest
 
 from herald.source.consumers import CONSUMERS, IDLE_TIMEOUT_S, ConsumerCache
+from tests.support.clock import FakeClock
 
 CONFIG = {"bootstrap.servers": "127.0.0.1:9", "log_level": "0"}  # librdkafka: no connect-failure logs
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 @pytest.fixture
@@ -89,9 +82,9 @@ def test_a_consumer_idle_too_long_is_closed_instead_of_reused():
     clock = FakeClock()
     cache = ConsumerCache(clock=clock)
     first = lent(cache)
-    clock.now_s += IDLE_TIMEOUT_S - 1
+    clock.now += IDLE_TIMEOUT_S - 1
     assert lent(cache) is first
-    clock.now_s += IDLE_TIMEOUT_S + 1
+    clock.now += IDLE_TIMEOUT_S + 1
     assert lent(cache) is not first
     assert (cache.stats().created, cache.stats().closed) == (2, 1)
     cache.clear()

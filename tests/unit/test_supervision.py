@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from herald.engine.supervision import QuerySupervisor, short_error
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def test_restarts_back_off_1_2_4_up_to_60_s_and_start_again_from_1_s_after_a_recovery():
-    clock = Clock()
+    clock = FakeClock()
     supervisor = QuerySupervisor(once=False, clock=clock)
     delays = []
     for _ in range(9):
@@ -32,7 +25,7 @@ def test_restarts_back_off_1_2_4_up_to_60_s_and_start_again_from_1_s_after_a_rec
 
 
 def test_once_gives_a_topic_up_after_three_failed_restarts_and_names_it():
-    clock = Clock()
+    clock = FakeClock()
     supervisor = QuerySupervisor(once=True, clock=clock)
     for attempt in range(1, 5):
         failure = supervisor.failed("orders", f"UnknownTopicError: attempt {attempt}")

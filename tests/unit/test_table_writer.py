@@ -15,7 +15,7 @@ from herald.storage.tables import RETRIES_SCHEMA
 from herald.engine.exporter import PrometheusExporter
 from herald.storage.store import Slice, TableStore
 from herald.storage.writer import TableWriter
-from tests.unit.test_exporter import samples
+from tests.support.prometheus import samples
 
 
 class FlakyStore(TableStore):

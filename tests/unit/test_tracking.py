@@ -13,7 +13,7 @@ from herald.delivery.transport import HttpAnswer
 from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, table_rows
 from herald.storage.tables import TRACKING
 from tests.support.fake_transport import FakeClock
-from tests.unit.test_sender import batch, lane, lane_report, record, run, scripted
+from tests.support.delivery import batch, lane, lane_report, record, run, scripted
 
 
 def steps(report, index=0):

@@ -47,6 +47,10 @@ class KafkaSettings(Strict):
     cluster: str = "primary"  # stored in undelivered rows, as Hermes names its data centre
     properties: dict[str, str] = Field(default_factory=dict)  # client properties; may hold secrets: never logged
 
+    def client_config(self) -> dict[str, str]:
+        """confluent-kafka's settings for a client of this cluster (never log them: properties may hold secrets)."""
+        return {"bootstrap.servers": self.bootstrapServers, **self.properties}
+
 
 class StorageSettings(Strict):
     """maintenanceIntervalHours: hours between two compactions of the tables in a running job (None: never;

@@ -64,8 +64,7 @@ class EngineContext:
 
     @property
     def client_config(self) -> dict[str, str]:
-        kafka = self.config.settings.kafka
-        return {"bootstrap.servers": kafka.bootstrapServers, **kafka.properties}
+        return self.config.settings.kafka.client_config()
 
     @property
     def flow_settings(self) -> FlowSettings:

@@ -50,6 +50,7 @@ class Runner:
         self.spark = spark
         self.context: EngineContext | None = None
         self.topics: Topics | None = None
+        self.config_generation = 0  # configuration changes applied since the job started (tests wait on it)
         self._stop = threading.Event()
         self.watcher = None
         self.maintenance = None
@@ -155,6 +156,7 @@ class Runner:
             self.context.retries.set_active(config.active_subscriptions(self.only))
             if self.control is not None:
                 self.control.publish(config.active_subscriptions(self.only))
+            self.config_generation += 1
 
     # -- running ----------------------------------------------------------------------------------------------
     def run(self, once: bool = False, grace_s: float = 30.0) -> int:
