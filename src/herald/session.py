@@ -53,11 +53,18 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
         builder = builder.config(key, value)
     if effective_master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        for key, value in _jar_settings(conf or {}).items():
-            builder = builder.config(key, value)
+        if not _launched_by_spark_submit():  # its JVM runs already: jars named now would not be on its classpath
+            for key, value in _jar_settings(conf or {}).items():
+                builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _launched_by_spark_submit() -> bool:
+    """True when spark-submit started this Python (it then passes the running JVM's gateway port): the jars are
+    the ones its command line named (`--jars`, `--packages`)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def _jar_settings(conf: Mapping[str, str]) -> dict[str, str]:

@@ -14,7 +14,7 @@ import pytest
 
 from herald import readout
 from herald.config import load_config
-from herald.delivery.batch import batch_id
+from herald.delivery.batcher import batch_id
 from herald.engine.runner import Runner
 from herald.storage import DeltaRsStore
 from herald.storage.tables import METRICS, UNDELIVERED

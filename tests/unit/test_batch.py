@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from herald.delivery.batch import batch_id
+from herald.delivery.batcher import batch_id
 from herald.delivery.message import Record, RetryState, message_id
 from herald.delivery.outcome import FailureKind, TransportFailure
 from herald.delivery.policy import EndedBy, RetryPolicy
@@ -170,7 +170,7 @@ def test_a_batch_whose_ttl_ends_is_discarded_with_the_last_reason():
 def test_ids_are_rfc_4122_uuid5_texts_as_the_uuid_module_makes_them():
     import uuid
 
-    from herald.delivery.batch import BATCH_ID_NAMESPACE
+    from herald.delivery.batcher import BATCH_ID_NAMESPACE
     from herald.delivery.message import MESSAGE_ID_NAMESPACE
 
     for partition, offset in [(0, 0), (3, 17), (11, 2**40 + 5)]:

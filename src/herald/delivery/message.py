@@ -1,11 +1,10 @@
-"""The unit of work: a Kafka record to deliver, its retry state, and its progress while in flight.
+"""The unit of work: a Kafka record to deliver, its id, and its retry state.
 
 - `Record`: one Kafka record as a task reads it (immutable, shared by every subscription it goes to).
 - `RetryState`: where a message's delivery stands, on the wall clock, so it can continue in another task,
   micro-batch or process (parked in the retries table, or carried to a subscription's catch-up).
-- `Delivery`: one subscription's message in flight inside a task (for BROADCAST, at one endpoint, the
-  message's deliveries grouped in a `Broadcast`), on the task's monotonic clock. It answers
-  exactly once: it ends delivered, discarded, parked or carried, never two of them (`finish` asserts it).
+
+A message in flight is a unit of delivery (`herald.delivery.unit`).
 """
 
 from __future__ import annotations
@@ -117,64 +116,3 @@ class RetryState:
         """The progress at one endpoint, as a message's own."""
         return RetryState(target.attempts, self.first_read_ms, target.due_ms, target.backoff_s, target.last_status,
                           target.last_reason)
-
-
-class Delivery:
-    """One subscription's message in flight in a task; times are the task's monotonic seconds."""
-
-    __slots__ = ("record", "first_read_at", "due_at", "attempts", "backoff_s", "last_status", "last_reason",
-                 "finished", "target", "urls", "group", "bearer", "fresh", "opening")
-
-    def __init__(self, record: Record, first_read_at: float, due_at: float) -> None:
-        self.record = record
-        self.first_read_at = first_read_at
-        self.due_at = due_at
-        self.attempts = 0
-        self.backoff_s: float | None = None
-        self.last_status: int | None = None
-        self.last_reason = ""
-        self.finished: str | None = None
-        self.target = -1  # the index of the lane's target its first attempt here went to (-1: none yet)
-        self.urls: tuple[str, ...] | None = None  # templated targets: each target's URL filled for this message
-        self.group: Broadcast | None = None  # BROADCAST: the message this delivery to one endpoint is part of
-        self.bearer: str | None = None  # OAuth: the token its open attempt carries (never shown)
-        self.fresh = False  # counted by its lane as not attempted yet (in this task)
-        self.opening = False  # its open attempt is its first in this task
-
-    @classmethod
-    def resumed(cls, record: Record, state: RetryState, now: float, now_ms: int) -> Delivery:
-        """Continue a message from its `state`: the TTL clock keeps running, attempts keep counting."""
-        delivery = cls(record, first_read_at=now - (now_ms - state.first_read_ms) / 1000,
-                       due_at=now + max(0, state.due_ms - now_ms) / 1000)
-        delivery.attempts = state.attempts
-        delivery.backoff_s = state.backoff_s
-        delivery.last_status = state.last_status
-        delivery.last_reason = state.last_reason
-        return delivery
-
-    def state(self, now: float, now_ms: int) -> RetryState:
-        """This delivery's progress on the wall clock, to continue elsewhere."""
-        return RetryState(
-            attempts=self.attempts,
-            first_read_ms=now_ms - round((now - self.first_read_at) * 1000),
-            due_ms=now_ms + max(0, round((self.due_at - now) * 1000)),
-            backoff_s=self.backoff_s,
-            last_status=self.last_status,
-            last_reason=self.last_reason,
-        )
-
-    def finish(self, how: str) -> None:
-        assert self.finished is None, f"message {self.record.message_id} already {self.finished}"
-        self.finished = how
-
-
-class Broadcast:
-    """A BROADCAST message in flight: one `Delivery` per endpoint (`members`); it ends when every one has."""
-
-    __slots__ = ("members", "remaining", "failed", "started")
-
-    def __init__(self) -> None:
-        self.members: list[Delivery] = []
-        self.remaining = 0  # members not finished
-        self.failed = 0  # members discarded
-        self.started = False  # some member has been attempted

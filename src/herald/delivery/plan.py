@@ -55,7 +55,7 @@ class LanePlan:
     positional: False for parked retries, which stand outside any position: whatever is unfinished at the end
         is parked again.
     signing_keys: with keys, every attempt is signed (Standard Webhooks, `herald.delivery.signing`).
-    batch: BATCH delivery's thresholds (`herald.delivery.batch`); None: each message alone.
+    batch: BATCH delivery's thresholds (`herald.delivery.batcher`); None: each message alone.
     tracking: what the lane records of each message's history (`herald.delivery.report.TRACK_*`): nothing,
         its failed attempts and its end (the driver adds DISCARDED rows from the discards), or everything.
     version: the version of the subscription's definition the round was planned with; a task that learns of

@@ -10,6 +10,7 @@ rows back on the driver, one `TaskReport` per task.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 import pyarrow as pa
@@ -179,6 +180,48 @@ class LaneReport:
     traced: list[Traced] = field(default_factory=list)
     delivered: list[tuple[int, int]] = field(default_factory=list)
     ended_carried: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def stop(self, partition: int, offset: int) -> None:
+        """The subscription's position may not pass `offset` in `partition`."""
+        if offset < self.stops.get(partition, math.inf):
+            self.stops[partition] = offset
+
+    def discard(self, record: Record, reason: str, ended_by: str, status: int | None, attempts: int,
+                now_ms: int | None, endpoint: str | None = None, batch_id: str | None = None) -> None:
+        """`record` goes to the undelivered table with `reason` (`now_ms`: when, epoch ms)."""
+        self.counters.discarded += 1
+        self.discarded.append(Discarded(
+            partition=record.partition, offset=record.offset, message_id=record.message_id, reason=reason,
+            ended_by=ended_by, http_status=status, attempts=attempts, message=record.body,
+            published_ms=record.timestamp_ms, discarded_ms=now_ms or 0, raw_value=record.raw,
+            schema_id=record.schema_id, schema_version=record.schema_version, endpoint=endpoint, key=record.key,
+            batch_id=batch_id))
+
+    def trace(self, record: Record, status: str, now_ms: int, reason: str | None = None,
+              http_status: int | None = None) -> None:
+        """A step of `record`'s history (tracking), at `now_ms` (epoch ms)."""
+        self.traced.append(Traced(record.partition, record.offset, record.message_id, status, now_ms, reason,
+                                  http_status))
+
+    def forget_rereads(self) -> None:
+        """Forget what a later round records again for the rows at or past where the position stops (it reads
+        them again): their INFLIGHT and FILTERED steps, except for messages carried there with their state, and
+        the discards of messages never attempted (undecodable, not JSON in a batch, or an endpoint placeholder
+        without a value), which would otherwise leave a second undelivered row."""
+        stops = self.stops
+        if not stops:
+            return
+        kept = [item for item in self.discarded
+                if item.attempts > 0 or item.offset < stops.get(item.partition, math.inf)]
+        self.counters.discarded -= len(self.discarded) - len(kept)
+        self.discarded[:] = kept
+        if not self.traced:
+            return
+        carried = {(item.partition, item.offset) for item in self.carried}
+        self.traced[:] = [
+            step for step in self.traced
+            if step.status not in (INFLIGHT, FILTERED) or step.offset < stops.get(step.partition, math.inf)
+            or (step.partition, step.offset) in carried]
 
 
 @dataclass

@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from herald.delivery.batch import BatchLane
 from herald.delivery.control import ControlPoller
 from herald.delivery.input import InlineReader, InputBatch, Prefetcher
 from herald.delivery.lane import Lane
@@ -101,17 +100,14 @@ class TaskSender:
             self.transport = open_transport(self.plan.transport, self.plan.max_open)
         for index, whole in self.plan.lanes.items():
             lane_plan = whole.share(self.plan.tasks, self.task_index)
-            if lane_plan.batch is not None:
-                lane = BatchLane(index, lane_plan, now, now_ms, self.rng, self.tokens, flush=self.plan.flush_batches)
-            else:
-                lane = Lane(index, lane_plan, now, now_ms, self.rng, self.tokens)
+            lane = Lane(index, lane_plan, now, now_ms, self.rng, self.tokens, flush=self.plan.flush_batches)
             lane.counters.started_ms = now_ms
             if lane_plan.inflight <= 0:
                 lane.cut_input({})  # every slot is held by parked retries: it takes nothing new
             self.lanes[index] = lane
             self._ready[lane] = None
         self._tracing = [lane for lane in self.lanes.values() if lane.plan.tracks_all]
-        self._batching = [lane for lane in self.lanes.values() if lane.plan.batch is not None]
+        self._batching = [lane for lane in self.lanes.values() if lane.tracks_reads]
         reader = Prefetcher(batches) if self.prefetch else InlineReader(batches)
         deadline = now + self.plan.budget_s
         self._control = ControlPoller(self.plan.control_url, self.plan.control_poll_s) if self.plan.control_url \
@@ -255,7 +251,7 @@ class TaskSender:
             if lane.cut or lane.settled:
                 continue
             for partition, offsets in batch.offsets.items():
-                if len(offsets) and lane.read_through(partition, int(offsets[-1]) + 1, self.clock(), now_ms):
+                if len(offsets) and lane.read_through(partition, int(offsets[-1]) + 1):
                     self._ready[lane] = None
 
     def _relieve(self) -> None:
@@ -297,7 +293,7 @@ class TaskSender:
                             firsts={p: int(values[0]) for p, values in offsets.items() if len(values)},
                             gaps={p: _gaps(values) for p, values in offsets.items() if len(values) > 1})
         for index, lane in self.lanes.items():
-            lane.forget_rereads()
+            lane.report.forget_rereads()
             lane_report = lane.report
             lane_report.counters.read = _rows_gone_through(offsets, lane.plan.starts, lane_report.stops, lane.cut)
             lane_report.counters.finished_ms = now_ms

@@ -71,13 +71,7 @@ def token_source(subscription: Subscription, providers: dict[str, OAuthProvider]
     policy = subscription.oAuthPolicy
     if policy is None:
         return None
-    provider = providers[policy.providerName]  # validate checked it exists
-    return TokenSource(
-        provider=provider.name, token_endpoint=provider.tokenEndpoint, client_id=provider.clientId,
-        client_secret=provider.clientSecret.get_secret_value(), grant_type=policy.grantType, scope=policy.scope,
-        username=policy.username, password=policy.password.get_secret_value() if policy.password else None,
-        initial_delay_s=provider.tokenRequestInitialDelay / 1000, max_delay_s=provider.tokenRequestMaxDelay / 1000,
-        request_timeout_s=provider.requestTimeout / 1000, socket_timeout_s=provider.socketTimeout / 1000)
+    return providers[policy.providerName].token_source(policy)  # validate checked the provider exists
 
 
 def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int, retries: bool = False,

@@ -1,0 +1,289 @@
+"""How a lane turns the rows it admits into units of delivery: what differs between SERIAL and BATCH.
+
+- `Serial`: one unit per message (or, BROADCAST, one per endpoint it has to reach: the lane's
+  `herald.delivery.choice`), while fewer than `inflight` messages are in flight;
+- `Batched`: the messages go into a `herald.delivery.batcher.Batcher`; each batch that closes becomes a unit,
+  sent once it is the first of its partition (batches of one partition go out in order, one at a time).
+
+An assembly tells its lane about units through a `UnitSink`: `created` (the lane counts it as not attempted
+yet when it is `fresh`) and `ready` (its attempts may start). At the end of the lane it hands back what is
+unfinished (`leftovers`), each with the state it is carried or parked with.
+
+Times are the task's monotonic seconds (`now`) and wall-clock epoch milliseconds (`now_ms`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from herald.delivery.batcher import Batch, Batcher, batch_id
+from herald.delivery.message import Record, RetryState, TargetState
+from herald.delivery.plan import LanePlan, Target
+from herald.delivery.policy import EndedBy
+from herald.delivery.unit import BatchUnit, Broadcast, MemberUnit, MessageUnit, Unit
+from herald.endpoint import MissingField, fill
+
+
+class UnitSink(Protocol):
+    def created(self, unit: Unit) -> None: ...
+
+    def ready(self, unit: Unit) -> None: ...
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A row the lane takes but cannot send: it is discarded unsent with this reason."""
+
+    reason: str
+    ended_by: str
+
+
+@dataclass
+class Leftover:
+    """An unfinished message (or batch) at the end of the lane: `record` is where it is carried or parked,
+    `untouched` that it was never attempted, `always_carried` that it is carried even outside an ordered
+    subscription (a batch: it is rebuilt from the log, never parked)."""
+
+    record: Record
+    state: RetryState
+    units: list[Unit]
+    untouched: bool
+    always_carried: bool = False
+
+
+class Serial:
+    """One unit per message (per endpoint for BROADCAST), at most `plan.inflight` messages in flight."""
+
+    tracks_reads = False
+
+    def __init__(self, plan: LanePlan, targets: tuple[Target, ...], choice, sink: UnitSink) -> None:
+        self.plan = plan
+        self._targets = targets
+        self._templated = any(target.templated for target in targets)
+        self._choice = choice
+        self._sink = sink
+        self.in_flight = 0  # messages admitted and not ended
+
+    @property
+    def held(self) -> int:
+        return self.in_flight
+
+    @property
+    def empty(self) -> bool:
+        return self.in_flight == 0
+
+    def place(self, record: Record, now: float, now_ms: int) -> bool | Refused:
+        """Admit `record` into flight (False: no room)."""
+        if self.in_flight >= self.plan.inflight:
+            return False
+        urls = None
+        if self._templated:
+            urls = self._fill(record)
+            if isinstance(urls, str):
+                return Refused(urls, EndedBy.TEMPLATE)
+        resume = self.plan.resume
+        state = resume.get((record.partition, record.offset)) if resume else None
+        spread = self._choice.spread(state)
+        group = Broadcast() if spread[0][0] is not None else None
+        for index, unit_state in spread:
+            if group is None:
+                unit = MessageUnit(record, now, now, urls)
+            else:
+                unit = MemberUnit(record, now, now, urls, index, group)
+                group.members.append(unit)
+            self._begin(unit, record, unit_state, now, now_ms)
+        if group is not None:
+            group.remaining = len(group.members)
+        self.in_flight += 1
+        return True
+
+    def _begin(self, unit: MessageUnit, record: Record, state: RetryState | None, now: float, now_ms: int) -> None:
+        """A message entering flight: new (after any sending delay) or continuing from its retry `state`."""
+        if state is not None:
+            unit.resume(state, now, now_ms)
+            unit.fresh = unit.attempts == 0 or not self.plan.positional  # a parked retry: the round tries it
+        else:
+            if self.plan.sending_delay_s > 0:
+                unit.due_at = now + max(0.0, self.plan.sending_delay_s - max(0, now_ms - record.timestamp_ms) / 1000)
+            unit.fresh = True
+        self._sink.created(unit)
+        self._sink.ready(unit)
+
+    def _fill(self, record: Record) -> tuple[str, ...] | str:
+        """Each target's URL with the message's values in its placeholders, or why the message cannot be sent."""
+        try:
+            document = json.loads(record.body or b"")
+        except ValueError:
+            return "Endpoint template: the message is not JSON"
+        try:
+            return tuple(fill(target.url, document) for target in self._targets)
+        except MissingField as error:
+            return str(error)
+
+    def ended(self, unit: Unit, message_ended: bool) -> None:
+        if message_ended:
+            self.in_flight -= 1
+
+    # BATCH's thresholds and reads: nothing to do one message at a time
+    def placed_all(self, now: float, now_ms: int) -> None:
+        pass
+
+    def close_due(self, now: float, now_ms: int, everything: bool = False) -> None:
+        pass
+
+    def next_close(self) -> float | None:
+        return None
+
+    def read_through(self, partition: int, next_offset: int) -> bool:
+        return False
+
+    def input_ended(self, now: float, now_ms: int) -> bool:
+        return False
+
+    def stuck(self, input_done: bool, pending: bool) -> str | None:
+        """With nothing fresh in the lane: 'waiting' when only retries can move it (no input left, or no room),
+        else None."""
+        if self.in_flight > 0 and ((input_done and not pending) or self.in_flight >= self.plan.inflight):
+            return "waiting"
+        return None
+
+    def leftovers(self, waiting: Iterable[Unit], now: float, now_ms: int) -> list[Leftover]:
+        """The unfinished messages among the `waiting` units, each with its state (a BROADCAST message's sums
+        up its endpoints')."""
+        groups: dict[int, list[MemberUnit]] = {}
+        result = []
+        for unit in waiting:
+            if isinstance(unit, MemberUnit):
+                groups.setdefault(id(unit.group), []).append(unit)
+            else:
+                result.append(Leftover(unit.anchor, unit.state(now, now_ms), [unit], unit.attempts == 0))
+        for members in groups.values():
+            group = members[0].group
+            untouched = group.remaining == len(group.members) and all(unit.attempts == 0 for unit in members)
+            result.append(Leftover(members[0].anchor, _broadcast_state(members, now, now_ms), members, untouched))
+        self.in_flight = 0
+        return result
+
+
+def _broadcast_state(members: list[MemberUnit], now: float, now_ms: int) -> RetryState:
+    """A BROADCAST message's state: each unfinished endpoint's own, summed up as most attempts, earliest due."""
+    states = [(unit.target, unit.state(now, now_ms)) for unit in members]
+    latest = max(states, key=lambda item: item[1].attempts)[1]
+    return RetryState(
+        attempts=latest.attempts, first_read_ms=latest.first_read_ms, due_ms=min(s.due_ms for _, s in states),
+        last_status=latest.last_status, last_reason=latest.last_reason,
+        targets=tuple(TargetState(index, s.attempts, s.due_ms, s.backoff_s, s.last_status, s.last_reason)
+                      for index, s in sorted(states, key=lambda item: item[0])))
+
+
+def _json_element(body: bytes | None) -> bytes | str:
+    """The message as a JSON array element (null for a tombstone), or why it cannot be one."""
+    if body is None:
+        return b"null"
+    try:
+        json.loads(body)
+    except ValueError as error:
+        return f"BATCH delivery sends a JSON array and the message is not JSON: {error}"
+    return body
+
+
+class Batched:
+    """Messages into batches (`Batcher`); a closed batch is a unit, sent when first of its partition. With
+    `flush` (a --once run), filling batches are closed once the input is read instead of waiting for their
+    time. A message that is not JSON cannot be an array element: it is refused (discarded alone)."""
+
+    tracks_reads = True
+
+    def __init__(self, plan: LanePlan, sink: UnitSink, flush: bool = False) -> None:
+        assert plan.batch is not None
+        self.plan = plan
+        self.spec = plan.batch
+        self.flush = flush
+        self._sink = sink
+        self._batcher = Batcher(plan.batch, plan.resume)
+
+    @property
+    def in_flight(self) -> int:
+        return self._batcher.batches
+
+    @property
+    def held(self) -> int:
+        return self._batcher.held
+
+    @property
+    def empty(self) -> bool:
+        return self._batcher.batches == 0
+
+    def place(self, record: Record, now: float, now_ms: int) -> bool | Refused:
+        element = _json_element(record.body)
+        if isinstance(element, str):
+            return Refused(element, EndedBy.DECODE)
+        taken, closed = self._batcher.add(record, element, now, now_ms)
+        self._closed(closed, now, now_ms)
+        return taken
+
+    def _closed(self, batches: list[Batch], now: float, now_ms: int) -> None:
+        """Each batch that closed becomes a unit; it may go once it is its partition's first."""
+        for batch in batches:
+            first = batch.records[0]
+            unit = BatchUnit(batch, batch_id(self.plan.subscription_id, batch.partition, first.offset,
+                                             batch.last_offset), first_read_at=batch.first_read_at, due_at=now)
+            resumed = batch.resumed
+            if resumed is not None and resumed.attempts > 0:
+                unit.resume(resumed, now, now_ms)
+            else:
+                unit.fresh = True
+            batch.unit = unit
+            self._sink.created(unit)
+            if self._batcher.first(batch.partition) is batch:
+                self._sink.ready(unit)
+
+    def ended(self, unit: Unit, message_ended: bool) -> None:
+        """The partition's next batch may go."""
+        following = self._batcher.end(unit.batch)
+        if following is not None:
+            self._sink.ready(following.unit)
+
+    def placed_all(self, now: float, now_ms: int) -> None:
+        self._closed(self._batcher.close_passed(), now, now_ms)
+
+    def close_due(self, now: float, now_ms: int, everything: bool = False) -> None:
+        self._closed(self._batcher.close_due(now, everything), now, now_ms)
+
+    def next_close(self) -> float | None:
+        return self._batcher.next_close()
+
+    def read_through(self, partition: int, next_offset: int) -> bool:
+        return self._batcher.read_through(partition, next_offset)
+
+    def input_ended(self, now: float, now_ms: int) -> bool:
+        """With `flush`, close every filling batch now; True when there was one."""
+        if not self.flush or self._batcher.next_close() is None:
+            return False
+        self.close_due(now, now_ms, everything=True)
+        return True
+
+    def stuck(self, input_done: bool, pending: bool) -> str | None:
+        """With nothing fresh: None while more input may fill its batches (or, with `flush`, they close once
+        it is read); 'now' when it holds only filling batches (carry them rather than hold the round);
+        else 'waiting'."""
+        if not input_done and not pending:
+            return None
+        if self.flush and input_done and self._batcher.next_close() is not None:
+            return None
+        return "waiting" if self._batcher.any_closed_first() else "now"
+
+    def leftovers(self, waiting: Iterable[Unit], now: float, now_ms: int) -> list[Leftover]:
+        """Every batch not ended (filling, closed or in retry), carried at its first offset with its state."""
+        return [Leftover(batch.records[0], batch.state(now, now_ms, self.spec.time_s),
+                         [batch.unit] if batch.unit is not None else [], untouched=False, always_carried=True)
+                for batch in self._batcher.drain()]
+
+
+def assembly_for(plan: LanePlan, targets: tuple[Target, ...], choice, sink: UnitSink,
+                 flush: bool) -> Serial | Batched:
+    return Batched(plan, sink, flush) if plan.batch is not None else Serial(plan, targets, choice, sink)
+

@@ -1,0 +1,66 @@
+"""Which endpoint an attempt goes to: one strategy per delivery shape, all with the same two questions.
+
+- `spread(state)`: the units one message becomes in the lane, as (endpoint index or None, state) pairs: one
+  unit whose attempts the strategy places (None), or one unit per endpoint (BROADCAST: each with its own
+  progress, from a carried or parked `state` when it continues);
+- `pick(unit)`: the endpoint of the attempt about to start (an index into the lane's targets).
+
+`width` is the most units one message becomes: a lane's open-attempt limit is its concurrency times that.
+"""
+
+from __future__ import annotations
+
+from herald.delivery.message import RetryState
+from herald.delivery.unit import Unit
+
+Spread = list[tuple[int | None, RetryState | None]]
+
+
+class OneEndpoint:
+    """A single endpoint: every attempt goes there."""
+
+    width = 1
+
+    def spread(self, state: RetryState | None) -> Spread:
+        return [(None, state)]
+
+    def pick(self, unit: Unit) -> int:
+        return 0
+
+
+class RoundRobin(OneEndpoint):
+    """ANYCAST over several endpoints: a message's first attempt here goes to the next endpoint round-robin
+    (per lane), each retry to the one after its last."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._next = 0
+
+    def pick(self, unit: Unit) -> int:
+        if unit.target < 0:
+            unit.target = self._next - unit.attempts
+            self._next = (self._next + 1) % self.count
+        return (unit.target + unit.attempts) % self.count
+
+
+class EveryEndpoint:
+    """BROADCAST: one unit per endpoint the message has not reached yet (every endpoint, unless it continues
+    with some reached), each attempted at its own endpoint."""
+
+    def __init__(self, count: int) -> None:
+        self.width = count
+
+    def spread(self, state: RetryState | None) -> Spread:
+        if state is not None and state.targets:
+            return [(target.index, state.at_target(target)) for target in state.targets]
+        return [(index, state) for index in range(self.width)]
+
+    def pick(self, unit: Unit) -> int:
+        return unit.target
+
+
+def endpoint_choice(count: int, broadcast: bool) -> OneEndpoint | EveryEndpoint:
+    """The strategy for a lane with `count` endpoints."""
+    if broadcast:
+        return EveryEndpoint(count)
+    return RoundRobin(count) if count > 1 else OneEndpoint()
