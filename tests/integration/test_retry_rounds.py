@@ -91,6 +91,7 @@ def test_parked_messages_reach_the_retry_driver_only_after_their_parked_rows(tmp
     round's rows are stamped later: however fast the retry, a message's newest row is its latest state."""
     from herald.engine.fanout import Participant
     from herald.engine.planner import lane_plan
+    from herald.engine import round_steps as steps
     from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome
     from herald.engine.state import SubscriptionState
     from herald.engine.topic import TopicPipeline
@@ -98,17 +99,16 @@ def test_parked_messages_reach_the_retry_driver_only_after_their_parked_rows(tmp
     with ScriptedSubscriber() as sub:
         driver, subscription = _driver(tmp_path, sub.url)
         context = driver.context
-        context.retries = driver
         state = SubscriptionState(subscription, positions={0: 0})
-        pipeline = TopicPipeline(context, context.config.topic_of(subscription), [state])
+        pipeline = TopicPipeline(context, context.config.topic_of(subscription), [state], driver)
         now = now_ms()
         record = Record(partition=0, offset=0, timestamp_ms=now, message_id="m0", body=b'{"n": 0}')
         parked = Parked(record, RetryState(attempts=1, first_read_ms=now, due_ms=now - 1, last_status=503))
         outcome = SubscriptionOutcome(subscription, parked=[parked], positions={0: 1})
         pipeline.apply([Participant(0, state, lane_plan(state, context.flow_settings, 0))], [outcome])
         assert driver.parked_count(subscription.id) == 0, "not before the round's PARKED row is handed over"
-        pipeline.record(RoundResult(STREAM, "stream:q", 7, "retry.topic", "test", [outcome]), possible_replay=False,
-                        duration_s=0.1)
+        steps.record(context, RoundResult(STREAM, "stream:q", 7, "retry.topic", "test", [outcome]), 0.0,
+                     park=driver.park)
         assert driver.parked_count(subscription.id) == 1
         driver.run_round(driver.due_now())  # delivered at once: 200
         context.writer.close()
@@ -136,7 +136,7 @@ def test_once_ends_while_a_subscriber_fails_everything_and_costs_a_row_per_messa
             runner = Runner(load_config(conf), spark=spark)
             assert runner.run(once=True) == 0
             assert runner.context.writer.pending == 0, "a stop leaves no round unwritten"
-            assert runner.context.retries.summary()[0] == 40
+            assert runner.retries.summary()[0] == 40
             rows = _rows(tmp_path)
             per_message: dict[int, int] = {}
             for row in rows:
@@ -163,11 +163,10 @@ def test_a_carried_state_the_position_passes_ends_with_what_really_happened_to_i
     with ScriptedSubscriber() as sub:
         driver, subscription = _driver(tmp_path, sub.url)
         context = driver.context
-        context.retries = driver
         now = now_ms()
         held = RetryState(attempts=2, first_read_ms=now, due_ms=now)
         state = SubscriptionState(subscription, positions={0: 1}, carried={(0, k): held for k in (1, 2, 3, 4)})
-        pipeline = TopicPipeline(context, context.config.topic_of(subscription), [state])
+        pipeline = TopicPipeline(context, context.config.topic_of(subscription), [state], driver)
         record = Record(partition=0, offset=3, timestamp_ms=now, message_id="m3", body=b"{}")
         outcome = SubscriptionOutcome(subscription, positions={0: 5}, parked=[Parked(record, held)],
                                       ended_carried=[(0, 1, SUCCESS), (0, 2, DISCARDED_STEP)])

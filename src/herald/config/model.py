@@ -183,6 +183,16 @@ class OAuthProvider(Strict):
                              "authenticate)")
         return value
 
+    def token_source(self, policy: OAuthPolicy) -> TokenSource:
+        """What the tasks need to get a token for a subscription's `policy` from this provider (delays and
+        timeouts converted to seconds here)."""
+        return TokenSource(
+            provider=self.name, token_endpoint=self.tokenEndpoint, client_id=self.clientId,
+            client_secret=self.clientSecret.get_secret_value(), grant_type=policy.grantType, scope=policy.scope,
+            username=policy.username, password=policy.password.get_secret_value() if policy.password else None,
+            initial_delay_s=self.tokenRequestInitialDelay / 1000, max_delay_s=self.tokenRequestMaxDelay / 1000,
+            request_timeout_s=self.requestTimeout / 1000, socket_timeout_s=self.socketTimeout / 1000)
+
 
 class HeraldSettings(Strict):
     kafka: KafkaSettings
@@ -376,17 +386,6 @@ class OnDiscard(Strict):
         if not KAFKA_TOPIC.match(value) or value in (".", ".."):
             raise ValueError("must be a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-'")
         return value
-
-
-    def token_source(self, policy: OAuthPolicy) -> TokenSource:
-        """What the tasks need to get a token for a subscription's `policy` from this provider (delays and
-        timeouts converted to seconds here)."""
-        return TokenSource(
-            provider=self.name, token_endpoint=self.tokenEndpoint, client_id=self.clientId,
-            client_secret=self.clientSecret.get_secret_value(), grant_type=policy.grantType, scope=policy.scope,
-            username=policy.username, password=policy.password.get_secret_value() if policy.password else None,
-            initial_delay_s=self.tokenRequestInitialDelay / 1000, max_delay_s=self.tokenRequestMaxDelay / 1000,
-            request_timeout_s=self.requestTimeout / 1000, socket_timeout_s=self.socketTimeout / 1000)
 
 
 class OAuthPolicy(Strict):

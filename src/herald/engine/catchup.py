@@ -21,11 +21,9 @@ import logging
 import threading
 import time
 
+from herald.engine import round_steps as steps
 from herald.engine.context import now_ms
-from herald.engine.fanout import Participant, outcomes, run_round
-from herald.engine.planner import lane_plan
 from herald.engine.positions import Lost, behind, catch_up_ranges, earliest
-from herald.engine.projection import project
 from herald.engine.rounds import CATCHUP, RoundResult
 from herald.engine.state import SubscriptionState
 from herald.source.kafka_offsets import partition_watermarks
@@ -117,11 +115,7 @@ class CatchUp:
                 return False
             group, ranges, frontier = chosen
             before = {state.id: dict(state.positions) for state in group}
-            subscriptions = [state.subscription for state in group]
-            participants = [Participant(index, state, lane_plan(
-                state, context.flow_settings, context.retries.parked_count(state.id),
-                providers=context.oauth_providers))
-                            for index, state in enumerate(group)]
+            participants = steps.participants(context, enumerate(group), pipeline.retries.parked_count)
         results = []
         started = time.monotonic()
         try:
@@ -132,11 +126,8 @@ class CatchUp:
                                        settings.kafka.properties, pipeline.kafka_topic,
                                        {p: start for p, (start, _) in ranges.items()},
                                        {p: end for p, (_, end) in ranges.items()})
-                rows = project(raw, context.config, pipeline.topic, subscriptions)
-                plan = pipeline.task_plan(participants, ranges, max_tasks=max(1, context.parallelism // 2),
-                                          shared=False)
-                reports = run_round(rows, plan, sum(1 for s, e in ranges.values() if s < e))
-                results = outcomes(participants, ranges, reports, pipeline.lost_in(ranges, reports, deleted))
+                results = steps.deliver(context, pipeline.topic, participants, raw, ranges,
+                                        max_tasks=max(1, context.parallelism // 2), shared=False, known_lost=deleted)
         finally:
             with pipeline.lock:
                 pipeline.apply(participants, results)
@@ -150,9 +141,9 @@ class CatchUp:
                     if pipeline.frontier is not None and behind(state.positions, pipeline.frontier):
                         state.catching_up = True
         batch_id = next(self._rounds)
-        pipeline.record(RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
-                                    pipeline.kafka_topic, context.cluster, results), possible_replay=False,
-                        duration_s=time.monotonic() - started)
+        steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
+                                          pipeline.kafka_topic, context.cluster, results),
+                     time.monotonic() - started, park=pipeline.retries.park)
         pipeline.flush_moves()
         log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,
                  ", ".join(state.id for state in group), sum(e - s for s, e in ranges.values()),

@@ -1,4 +1,4 @@
-"""What every part of a running Herald shares: the session, the configuration, the writer, the retry driver."""
+"""What every part of a running Herald shares: the session, the configuration, the writer."""
 
 from __future__ import annotations
 
@@ -34,14 +34,13 @@ def stamp_ms() -> int:
 @dataclass
 class EngineContext:
     """spark: the session; config: the configuration in force (the watcher replaces it); connector: 'spark' or
-    'python' (the Kafka source); store / writer: the tables; retries: the retry driver; once: `--once`."""
+    'python' (the Kafka source); store / writer: the tables; once: `--once`."""
 
     spark: object
     config: HeraldConfig
     connector: str
     store: TableStore
     writer: TableWriter
-    retries: object = None  # herald.engine.retries.RetryDriver (set once it exists)
     once: bool = False
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     catchup_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))

@@ -16,20 +16,20 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from herald.config import Subscription
 from herald.delivery.flow import FlowMode, FlowState
 from herald.delivery.input import InputBatch
 from herald.delivery.message import Record, RetryState
-from herald.delivery.plan import TaskPlan
 from herald.delivery.report import Parked
 from herald.delivery.sender import TaskSender
-from herald.engine.context import EngineContext, now_ms, stamp_ms
+from herald.engine import round_steps as steps
+from herald.engine.context import EngineContext, now_ms
 from herald.engine.planner import lane_plan
-from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row, table_rows
+from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row
 from herald.engine.state import SubscriptionState
-from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, PARKED, RETRIES, epoch_ms
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ class RetryDriver:
     """once: a `--once` run: each message is re-driven in at most one round of the run (due at the start, or
     parked by the run and due before it ends); parked again, it waits for the next run, so the run can end."""
 
-    def __init__(self, context: EngineContext, once: bool = False) -> None:
+    def __init__(self, context: EngineContext, once: bool = False,
+                 live_state: Callable[[str], tuple | None] = lambda subscription_id: None) -> None:
         self.context = context
         self.once = once
         self._tried: set[tuple[str, int, int]] = set()  # once: (subscription, partition, offset) re-driven
@@ -61,9 +62,8 @@ class RetryDriver:
         self._thread: threading.Thread | None = None
         self._in_round = False
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
-        self.live_state = lambda subscription_id: None
-        """subscription id -> (its topic's lock, its running SubscriptionState), or None: set by the runner, so
-        that a round starts from the subscription's flow state (one controller per subscription, as in Hermes:
+        self.live_state = live_state
+        """subscription id -> (its topic's lock, its running SubscriptionState), or None, so that a round starts from the subscription's flow state (one controller per subscription, as in Hermes:
         a subscriber slowed to heartbeat probes gets probes here too) and hands a change of mode back."""
 
     # -- the registry -----------------------------------------------------------------------------------------
@@ -225,7 +225,6 @@ class RetryDriver:
     def run_round(self, due: dict[str, list[ParkedMessage]]) -> RoundResult:
         """Re-drive `due` (subscription id -> messages) once; record and return what happened."""
         context = self.context
-        settings = context.config.settings
         with self._lock:
             subscriptions = [self._active[sid] for sid in due if sid in self._active]
         lanes, rows = {}, []
@@ -239,11 +238,7 @@ class RetryDriver:
                              providers=context.oauth_providers)
             lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
             rows.extend((m.record, (index,)) for m in messages)
-        plan = TaskPlan(topic="", lanes=lanes,
-                        budget_s=settings.streaming.batch_deadline_s,
-                        park_after_s=settings.streaming.park_after_s, transport=settings.delivery.transport,
-                        max_open=settings.delivery.maxOpenRequests, control_url=context.control_url,
-                        control_poll_s=settings.streaming.config_poll_s)
+        plan = steps.task_plan(context, "", lanes)
         started = time.monotonic()
         report = TaskSender(plan, stop=self._stop.is_set).run([InputBatch(rows)])
         batch_id = next(self._rounds)
@@ -256,9 +251,7 @@ class RetryDriver:
                                           discarded=lane.discarded, traced=lane.traced)
             self._resolve(subscription.id, due[subscription.id], lane, outcome)
             result.outcomes.append(outcome)
-        context.writer.submit(Slice(result.writer, batch_id),
-                              [(t, r) for t, r in table_rows(result, stamp_ms()) if r.num_rows])
-        context.recorded(result, time.monotonic() - started)
+        steps.record(context, result, time.monotonic() - started)  # its parked messages: `_resolve` kept them
         ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
         log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again, %d not attempted "
                  "(still parked)", batch_id, len(rows), sum(o.counters.delivered for o in result.outcomes),

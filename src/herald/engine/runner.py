@@ -50,6 +50,7 @@ class Runner:
         self.spark = spark
         self.context: EngineContext | None = None
         self.topics: Topics | None = None
+        self.retries: RetryDriver | None = None
         self.config_generation = 0  # configuration changes applied since the job started (tests wait on it)
         self._stop = threading.Event()
         self.watcher = None
@@ -80,19 +81,18 @@ class Runner:
             self.control.publish(self.config.active_subscriptions(self.only))
             self.control.start()
             context.control_url = self.control.url
-        context.retries = RetryDriver(context, once=once)
+        self.retries = retries = RetryDriver(context, once=once, live_state=self._live_state)
         self.context = context
         self.topics = topics = Topics(context, self.config, self.only, StateBook(store, context.writer),
-                                      QuerySupervisor(once))
-        context.retries.live_state = topics.live_state
+                                      QuerySupervisor(once), retries)
         if self._metrics_port is not None:
             self._start_exporter(context)
         self._ensure_dead_letters()
         handed = {(move.subscription, move.move_id) for move in unapplied_moves(store) if topics.apply_move(move)}
         active = self.config.active_subscriptions(self.only)
-        context.retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
-        context.retries.set_active(active)
-        context.retries.start()
+        retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
+        retries.set_active(active)
+        retries.start()
         for topic_name, subscriptions in by_topic(active).items():
             with topics.lock:
                 topics.start_topic(topic_name, subscriptions)
@@ -112,6 +112,10 @@ class Runner:
                                        self.config.settings.streaming.config_poll_s)
             self.watcher.start()
 
+    def _live_state(self, subscription_id: str):
+        """(topic lock, state) of a running subscription, or None (the retry driver starts from its flow)."""
+        return self.topics.live_state(subscription_id) if self.topics is not None else None
+
     def _start_exporter(self, context: EngineContext) -> None:
         from herald.engine.exporter import PrometheusExporter
 
@@ -120,7 +124,7 @@ class Runner:
             return {topic: {p: high for p, (_, high) in by_partition.items()} for topic, by_partition in marks.items()}
 
         self.exporter = PrometheusExporter(self._metrics_port, self.topics.positions_now, end_offsets,
-                                           context.retries.parked_count, self.config.settings.metrics.prometheusHost,
+                                           self.retries.parked_count, self.config.settings.metrics.prometheusHost,
                                            writer=context.writer)
         context.round_listeners.append(self.exporter.observe)
         self.exporter.start()
@@ -153,7 +157,7 @@ class Runner:
             self.config = config
             self.context.config = config
             self._ensure_dead_letters()
-            self.context.retries.set_active(config.active_subscriptions(self.only))
+            self.retries.set_active(config.active_subscriptions(self.only))
             if self.control is not None:
                 self.control.publish(config.active_subscriptions(self.only))
             self.config_generation += 1
@@ -238,7 +242,7 @@ class Runner:
                     frontier = pipeline.frontier or {}
                     if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)):
                         return False
-        return (self.context.retries.tried_since(self._started_ms, int(deadline_s * 1000))
+        return (self.retries.tried_since(self._started_ms, int(deadline_s * 1000))
                 and self.context.writer.pending == 0)
 
     def shutdown(self, grace_s: float = 30.0) -> None:
@@ -264,7 +268,7 @@ class Runner:
         for pipeline in pipelines:
             pipeline.catchup.stop()
         if self.context is not None:
-            self.context.retries.stop()
+            self.retries.stop()
             # a job that lost the lease writes nothing more: its rounds would undo the holder's
             self.context.writer.close(0.0 if self._lease_lost_reason else max(5.0, deadline - time.monotonic()))
         if self.exporter is not None:
@@ -280,7 +284,7 @@ class Runner:
         if self.dead_letters is not None and self.dead_letters.pending:
             print(f"{self.dead_letters.pending} dead letter(s) could not be published; they are in the undelivered "
                   "table and the next run does not publish them again")
-        count, next_due_ms = self.context.retries.summary()
+        count, next_due_ms = self.retries.summary()
         if count:
             when = dt.datetime.fromtimestamp(next_due_ms / 1000, tz=dt.timezone.utc).isoformat(timespec="seconds")
             print(f"{count} message(s) parked for retry; the next is due at {when} (the next run retries them)")

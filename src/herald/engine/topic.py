@@ -21,15 +21,14 @@ from collections.abc import Iterable
 
 from herald.config import Subscription
 from herald.config.model import Topic
-from herald.delivery.plan import TaskPlan
 from herald.engine import checkpoint as checkpoints
 from herald.engine import moves
+from herald.engine import round_steps as steps
+from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, stamp_ms
-from herald.engine.fanout import Participant, outcomes, run_round
-from herald.engine.planner import lane_plan
-from herald.engine.positions import Lost, behind, lost_ranges, unread_ranges
-from herald.engine.projection import project
-from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub, table_rows
+from herald.engine.fanout import Participant
+from herald.engine.positions import behind
+from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub
 from herald.engine.state import SubscriptionState
 from herald.engine.supervision import short_error
 from herald.source.kafka_offsets import partition_watermarks
@@ -46,8 +45,12 @@ def checkpoint_location(storage_path: str, kafka_topic: str) -> str:
 
 
 class TopicPipeline:
-    def __init__(self, context: EngineContext, topic: Topic, states: Iterable[SubscriptionState]) -> None:
+    """`retries`: the retry driver (`herald.engine.retries.RetryDriver`): it gets the rounds' parked messages and
+    says how many of a subscription's in-flight slots they hold."""
+
+    def __init__(self, context: EngineContext, topic: Topic, states: Iterable[SubscriptionState], retries) -> None:
         self.context = context
+        self.retries = retries
         self.topic = topic
         self.kafka_topic = topic.kafka_topic
         self.lock = threading.RLock()
@@ -61,7 +64,7 @@ class TopicPipeline:
         self._replay_possible = True  # the first batch of a run may be a replay: clear its slices in full
         self._started = threading.Event()
         self._writer = ""
-        self.catchup = None  # herald.engine.catchup.CatchUp, set by the runner
+        self.catchup = CatchUp(self)  # started with the query, by `Topics`
         self.start_error: str | None = None  # why the query could not start (the runner starts it again)
         self.healthy = False  # the query completed a micro-batch since it (re)started
         self.stopping = False  # the job is stopping: a micro-batch that starts now delivers nothing
@@ -220,15 +223,13 @@ class TopicPipeline:
             for state in self.states.values():
                 for partition in ranges:  # a partition added to the topic: every subscription from its start
                     state.positions.setdefault(partition, 0)
-            subscriptions = self.subscriptions
-            participants = self._participants(subscriptions, ranges)
+            participants = self._participants(self.subscriptions, ranges)
             self.batch_in_progress = True
         results: list[SubscriptionOutcome] = []
         try:
             if participants and any(start < end for start, end in ranges.values()):
-                rows = project(batch_df, context.config, self.topic, subscriptions)
-                reports = run_round(rows, self.task_plan(participants, ranges), _input_partitions(ranges))
-                results = outcomes(participants, ranges, reports, self.lost_in(ranges, reports))
+                results = steps.deliver(context, self.topic, participants, batch_df, ranges,
+                                        max_tasks=context.parallelism, shared=True)
             else:
                 results = [SubscriptionOutcome(p.state.subscription, flow_state=p.state.flow,
                                                positions={q: max(p.state.positions.get(q, e), e)
@@ -239,8 +240,8 @@ class TopicPipeline:
                 self.apply(participants, results)
                 self._set_frontier(ranges)
                 self.batch_in_progress = False
-        self.record(RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
-                    possible_replay=self._replay_possible, duration_s=time.monotonic() - started)
+        steps.record(context, RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
+                     time.monotonic() - started, possible_replay=self._replay_possible, park=self.retries.park)
         self._replay_possible = False
         self.healthy = True
         self.flush_moves()
@@ -275,46 +276,10 @@ class TopicPipeline:
                 state.catching_up = True
                 continue
             state.busy = True
-            chosen.append(Participant(index, state, lane_plan(
-                state, self.context.flow_settings, self.context.retries.parked_count(state.id),
-                providers=self.context.oauth_providers)))
-        return chosen
+            chosen.append((index, state))
+        return steps.participants(self.context, chosen, self.retries.parked_count)
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
-    def lost_in(self, ranges: dict[int, tuple[int, int]], reports, known: Lost = ()) -> Lost:
-        """The offsets of a round's `ranges` Kafka deleted before they were read (plus `known`, found before the
-        read), each logged at WARN. Kafka is asked only when some part of a range was not read; when it cannot
-        be asked this raises: the round is not recorded and its messages are delivered again."""
-        unread = unread_ranges(ranges, reports)
-        lows: dict[int, int] = {}
-        if unread:
-            marks = partition_watermarks(self.context.client_config, [self.kafka_topic])[self.kafka_topic]
-            lows = {p: low for p, (low, _) in marks.items()}
-        lost = lost_ranges([*known, *unread], {**lows, **{p: e for p, _, e in known if p not in lows}})
-        for partition, first, end in lost:
-            log.warning("%s/%d: offsets %d..%d were deleted by Kafka (retention) before they were read; recorded "
-                        "as LOST in the undelivered table of each subscription that had not passed them",
-                        self.kafka_topic, partition, first, end - 1)
-        return lost
-
-    def task_plan(self, participants: list[Participant], ranges: dict[int, tuple[int, int]],
-                  max_tasks: int | None = None, shared: bool = True) -> TaskPlan:
-        settings = self.context.config.settings
-        tasks = max(1, min(_input_partitions(ranges), max_tasks or self.context.parallelism))
-        return TaskPlan(
-            topic=self.kafka_topic,
-            lanes={p.index: p.plan for p in participants},
-            budget_s=settings.streaming.batch_deadline_s,
-            tasks=tasks,
-            park_after_s=settings.streaming.park_after_s,
-            settle_throttled=shared,
-            transport=settings.delivery.transport,
-            max_open=settings.delivery.maxOpenRequests,
-            flush_batches=self.context.once,
-            control_url=self.context.control_url,
-            control_poll_s=settings.streaming.config_poll_s,
-        )
-
     def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> None:
         """Take a round's outcomes into the states (lock held). Its parked messages go to the retry driver only
         once the round's rows are handed to the writer (`record`), so that a retry round's rows about them are
@@ -343,24 +308,8 @@ class TopicPipeline:
             for move in moves_asked:  # in the order they were asked: each is applied, and recorded applied
                 self._move(participant.state, move)
 
-    def record(self, result: RoundResult, possible_replay: bool, duration_s: float) -> None:
-        """Hand the round's rows to the table writer, then tell the round's listeners. Empty tables are skipped,
-        unless the round may replay an earlier run's (its old slices are then cleared too)."""
-        tables = table_rows(result, stamp_ms())
-        if not possible_replay:
-            tables = [(table, rows) for table, rows in tables if rows.num_rows]
-        if tables:
-            self.context.writer.submit(Slice(result.writer, result.batch_id), tables)
-        for outcome in result.outcomes:
-            if outcome.parked:
-                self.context.retries.park(outcome.subscription, self.kafka_topic, outcome.parked)
-        self.context.recorded(result, duration_s)
-
     def stop(self) -> None:
         self.stopping = True
         if self.query is not None and self.query.isActive:
             self.query.stop()
 
-
-def _input_partitions(ranges: dict[int, tuple[int, int]]) -> int:
-    return max(1, sum(1 for start, end in ranges.values() if start < end))

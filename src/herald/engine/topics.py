@@ -17,7 +17,6 @@ import time
 
 from herald.config import HeraldConfig, Subscription
 from herald.config.model import Topic
-from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.moves import applied_tables
 from herald.engine.rounds import moved_rows
@@ -34,8 +33,9 @@ class Topics:
     """lock guards the set of pipelines (the watcher, the move watcher and the supervisor change it)."""
 
     def __init__(self, context: EngineContext, config: HeraldConfig, only: list[str] | None, book: StateBook,
-                 supervisor: QuerySupervisor) -> None:
+                 supervisor: QuerySupervisor, retries) -> None:
         self.context = context
+        self.retries = retries  # herald.engine.retries.RetryDriver
         self.config = config
         self.only = only
         self.book = book
@@ -111,8 +111,7 @@ class Topics:
         self._unstarted.pop(topic_name, None)
         for state in states:
             self.book.joined(state)
-        pipeline = TopicPipeline(self.context, topic, states)
-        pipeline.catchup = CatchUp(pipeline)
+        pipeline = TopicPipeline(self.context, topic, states, self.retries)
         self.pipelines[topic_name] = pipeline
         pipeline.catchup.start()
         try:

@@ -1,0 +1,117 @@
+"""One round, whatever started it: planned, delivered and recorded the same way.
+
+Three things start rounds (docs/design.md §3): a micro-batch of a topic's shared query (`topic`), a catch-up
+read of a subscription group behind it (`catchup`), and a batch of parked retries (`retries`). Each then goes
+through the same steps, here:
+
+1. `participants`: the subscriptions taking part, each with its `LanePlan` (`planner.lane_plan`);
+2. `task_plan`: the one `TaskPlan` the tasks get;
+3. `deliver`: for a Kafka read, the rows projected once for every participant (`projection`), delivered in
+   Spark tasks (`fanout.run_round`), and turned into each participant's `SubscriptionOutcome`, positions and
+   offsets Kafka deleted before they were read included (`lost_in`). A retry round delivers its parked
+   messages on the driver instead (`retries`);
+4. (the caller takes the outcomes into its states)
+5. `record`: the round's rows handed to the table writer, positions last; then its parked messages to the
+   retry driver, and the round to its listeners (Prometheus, dead letters).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from herald.config.model import Topic
+from herald.delivery.plan import LanePlan, TaskPlan
+from herald.engine.context import EngineContext, stamp_ms
+from herald.engine.fanout import Participant, outcomes, run_round
+from herald.engine.planner import lane_plan
+from herald.engine.positions import Lost, lost_ranges, unread_ranges
+from herald.engine.projection import project
+from herald.engine.rounds import RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.state import SubscriptionState
+from herald.source.kafka_offsets import partition_watermarks
+from herald.storage import Slice
+
+log = logging.getLogger(__name__)
+
+Ranges = dict[int, tuple[int, int]]
+
+
+def participants(context: EngineContext, states: Iterable[tuple[int, SubscriptionState]],
+                 parked_count: Callable[[str], int]) -> list[Participant]:
+    """Each (index in the rows' `targets`, state) with the plan of its share of the round."""
+    return [Participant(index, state, lane_plan(state, context.flow_settings, parked_count(state.id),
+                                                providers=context.oauth_providers))
+            for index, state in states]
+
+
+def task_plan(context: EngineContext, kafka_topic: str, lanes: dict[int, LanePlan], tasks: int = 1,
+              shared: bool = False) -> TaskPlan:
+    """What every task of the round gets. `shared`: the topic's shared query, where a throttled subscription
+    settles early rather than hold back the others (`TaskPlan.settle_throttled`)."""
+    settings = context.config.settings
+    return TaskPlan(
+        topic=kafka_topic,
+        lanes=lanes,
+        budget_s=settings.streaming.batch_deadline_s,
+        tasks=tasks,
+        park_after_s=settings.streaming.park_after_s,
+        settle_throttled=shared,
+        transport=settings.delivery.transport,
+        max_open=settings.delivery.maxOpenRequests,
+        flush_batches=context.once,
+        control_url=context.control_url,
+        control_poll_s=settings.streaming.config_poll_s,
+    )
+
+
+def input_partitions(ranges: Ranges) -> int:
+    """Partitions with something to read (at least 1)."""
+    return max(1, sum(1 for start, end in ranges.values() if start < end))
+
+
+def deliver(context: EngineContext, topic: Topic, members: list[Participant], raw, ranges: Ranges,
+            max_tasks: int, shared: bool, known_lost: Lost = ()) -> list[SubscriptionOutcome]:
+    """Deliver the Kafka rows `raw` of `ranges` to `members` in Spark tasks (at most `max_tasks`); what the round
+    did for each. `known_lost`: offsets of the ranges found deleted before the read."""
+    rows = project(raw, context.config, topic, [member.state.subscription for member in members])
+    partitions = input_partitions(ranges)
+    plan = task_plan(context, topic.kafka_topic, {member.index: member.plan for member in members},
+                     tasks=max(1, min(partitions, max_tasks)), shared=shared)
+    reports = run_round(rows, plan, partitions)
+    return outcomes(members, ranges, reports, lost_in(context, topic.kafka_topic, ranges, reports, known_lost))
+
+
+def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, known: Lost = ()) -> Lost:
+    """The offsets of a round's `ranges` Kafka deleted before they were read (plus `known`, found before the
+    read), each logged at WARN. Kafka is asked only when some part of a range was not read; when it cannot be
+    asked this raises: the round is not recorded and its messages are delivered again."""
+    unread = unread_ranges(ranges, reports)
+    lows: dict[int, int] = {}
+    if unread:
+        marks = partition_watermarks(context.client_config, [kafka_topic])[kafka_topic]
+        lows = {p: low for p, (low, _) in marks.items()}
+    lost = lost_ranges([*known, *unread], {**lows, **{p: e for p, _, e in known if p not in lows}})
+    for partition, first, end in lost:
+        log.warning("%s/%d: offsets %d..%d were deleted by Kafka (retention) before they were read; recorded "
+                    "as LOST in the undelivered table of each subscription that had not passed them",
+                    kafka_topic, partition, first, end - 1)
+    return lost
+
+
+def record(context: EngineContext, result: RoundResult, duration_s: float, possible_replay: bool = False,
+           park: Callable | None = None) -> None:
+    """Hand the round's rows to the table writer (positions last), then its parked messages to `park` (the
+    retry driver: after their PARKED rows, so that a retry round's rows about them are always written later),
+    then tell the round's listeners. Empty tables are skipped, unless the round may replay an earlier run's
+    (its old slices are then cleared too)."""
+    tables = table_rows(result, stamp_ms())
+    if not possible_replay:
+        tables = [(table, rows) for table, rows in tables if rows.num_rows]
+    if tables:
+        context.writer.submit(Slice(result.writer, result.batch_id), tables)
+    if park is not None:
+        for outcome in result.outcomes:
+            if outcome.parked:
+                park(outcome.subscription, result.kafka_topic, outcome.parked)
+    context.recorded(result, duration_s)
