@@ -252,7 +252,7 @@ class BatchLane(Lane):
         body = record.body or b"[]"
         if plan.signing_keys:
             lines += signature_lines(plan.signing_keys, record.message_id, now_ms // 1000, body)
-        return HttpRequest(target.url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
+        return HttpRequest(target.url, lines, body, plan.request_timeout_s, plan.socket_timeout_s, tls=plan.tls)
 
     def _ended(self, delivery: Delivery) -> Batch:
         """The batch of `delivery` ended: the next closed batch of its partition may go."""

@@ -428,7 +428,7 @@ class Lane:
         body = (record.avro if plan.avro else record.body) or b""
         if plan.signing_keys:
             lines += signature_lines(plan.signing_keys, record.message_id, now_ms // 1000, body)
-        return HttpRequest(url, lines, body, plan.request_timeout_s, plan.socket_timeout_s)
+        return HttpRequest(url, lines, body, plan.request_timeout_s, plan.socket_timeout_s, tls=plan.tls)
 
     def _trace(self, record: Record, status: str, now_ms: int, reason: str | None = None,
                http_status: int | None = None) -> None:
