@@ -21,7 +21,7 @@ from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.policy import EndedBy, RetryPolicy
 from herald.delivery.sender import TaskSender
 from herald.delivery.tls import TlsSettings
-from herald.delivery.transport import open_transport
+from herald.delivery.transport import HttpRequest, open_transport
 from herald.engine.planner import lane_plan
 from herald.engine.state import SubscriptionState
 from tests.support.subscriber import ScriptedSubscriber
@@ -134,17 +134,25 @@ def test_mutual_tls_delivers_with_the_client_certificate_only(transport_kind, pk
 
 def test_one_transport_never_lends_a_connection_to_other_tls_settings(transport_kind, pki):
     """Attempts with and without the client certificate, and with and without the CA, alternate on one
-    transport with one connection slot: each gets what its own settings give, never a connection opened with
-    another's."""
-    retry = RetryPolicy(message_ttl_s=10, backoff_s=0.01, max_attempts=1)
-    with ScriptedSubscriber(tls=pki.server_context(require_client_cert=True)) as sub:
-        outcomes = []
-        for tls in [trusting(pki, client=True), trusting(pki), trusting(pki, client=True), None,
-                    trusting(pki, client=True)]:
-            lanes = deliver(transport_kind, {0: plan_for(sub.url, tls, retry=retry, inflight=1)}, [record({"i": 1})],
-                            max_open=1)
-            outcomes.append(lanes[0].counters.delivered == 1)
-    assert outcomes == [True, False, True, False, True]
+    transport with one slot (curl: one easy handle, set again or reset for each change): each gets what its own
+    settings give, never a connection opened with another's; a connection is kept for the same settings."""
+    transport = open_transport(transport_kind, 1)
+    sequence = [trusting(pki, client=True), trusting(pki), trusting(pki, client=True), trusting(pki, client=True),
+                None, trusting(pki, client=True)]
+    results = []
+    try:
+        with ScriptedSubscriber(tls=pki.server_context(require_client_cert=True)) as sub:
+            for n, tls in enumerate(sequence):
+                transport.start(HttpRequest(f"{sub.url}/{n}", (), b"{}", 2.0, tls=tls), n)
+                while transport.open:
+                    results += [result for _, result in transport.poll(0.5)]
+    finally:
+        transport.close()
+    assert [getattr(result, "status", None) for result in results] == [200, None, 200, 200, None, 200]
+    assert results[1].detail == REFUSED and results[4].detail == UNTRUSTED.replace(
+        "unable to get local issuer certificate", "self-signed certificate in certificate chain")
+    assert [r.path for r in sub.requests] == ["/0", "/2", "/3", "/5"]
+    assert sub.requests[1].client_port == sub.requests[2].client_port, "kept alive for the same settings"
 
 
 def test_a_wrong_passphrase_is_a_tls_failure(transport_kind, pki):

@@ -73,7 +73,7 @@ Endpoint = tuple[str, str, int]
 Pool = tuple[str, str, int, TlsSettings | None]
 """(scheme, host, port, TLS settings): the handles idle for such attempts"""
 
-_TLS_ERRORS = frozenset(code for code in (
+_TLS_ERRORS = frozenset((
     pycurl.E_SSL_CONNECT_ERROR, pycurl.E_PEER_FAILED_VERIFICATION, pycurl.E_SSL_CERTPROBLEM, pycurl.E_SSL_CIPHER,
     pycurl.E_SSL_CACERT_BADFILE, pycurl.E_SSL_ISSUER_ERROR, pycurl.E_SSL_CRL_BADFILE,
     pycurl.E_SSL_PINNEDPUBKEYNOTMATCH, pycurl.E_SSL_INVALIDCERTSTATUS, pycurl.E_SSL_SHUTDOWN_FAILED,
