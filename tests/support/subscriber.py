@@ -9,11 +9,16 @@ trickle_ms (send the body one byte at a time with this gap). Messages without a 
         ... deliver to sub.url ...
         sub.requests            # every request, in arrival order
         sub.peak_concurrency    # most requests open at once
+
+With `tls` (a server-side ssl.SSLContext, see tests/support/tls_certs.py) it serves HTTPS: each connection's
+handshake runs in its own thread, and the handshakes that fail are kept in `tls_errors` (their text).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import threading
 import time
 from collections import defaultdict
@@ -54,6 +59,7 @@ class Received:
     body: bytes
     attempt: int  # 0-based attempt number of this body at this path
     client_port: int = 0  # the sender's local port: one per connection
+    client_cert_cn: str | None = None  # HTTPS: the common name of the client certificate shown, if any
 
     @property
     def message_id(self) -> str | None:
@@ -75,21 +81,26 @@ def scripted_reply(request: Received) -> Reply:
 
 
 class ScriptedSubscriber:
-    def __init__(self, respond: Callable[[Received], Reply] = scripted_reply) -> None:
+    def __init__(self, respond: Callable[[Received], Reply] = scripted_reply,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.respond = respond
+        self.tls_errors: list[str] = []
         self.requests: list[Received] = []  # in arrival order
         self._ok: list[bool] = []
         self.peak_concurrency = 0
         self._open = 0
         self._attempts: dict[tuple[str, bytes], int] = defaultdict(int)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server = (_TlsServer if tls is not None else ThreadingHTTPServer)(("127.0.0.1", 0), self._handler_class())
+        if tls is not None:
+            self._server.tls, self._server.tls_errors = tls, self.tls_errors
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if isinstance(self._server, _TlsServer) else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self) -> ScriptedSubscriber:
         self._thread.start()
@@ -126,7 +137,7 @@ class ScriptedSubscriber:
                     subscriber._open += 1
                     subscriber.peak_concurrency = max(subscriber.peak_concurrency, subscriber._open)
                 request = Received(time.monotonic(), self.path, dict(self.headers.items()), body, attempt,
-                                   self.client_address[1])
+                                   self.client_address[1], _client_cn(self.connection))
                 reply = subscriber.respond(request)
                 with subscriber._lock:  # recorded before answering: once Herald has its answer, the test sees it
                     subscriber.requests.append(request)
@@ -156,3 +167,46 @@ class ScriptedSubscriber:
                         subscriber._open -= 1
 
         return Handler
+
+
+def _client_cn(connection) -> str | None:
+    peer = connection.getpeercert() if isinstance(connection, ssl.SSLSocket) else None
+    names = [value for rdn in (peer or {}).get("subject", ()) for key, value in rdn if key == "commonName"]
+    return names[0] if names else None
+
+
+class _TlsServer(ThreadingHTTPServer):
+    """HTTPS: the accepted socket is wrapped (and its handshake run) in the connection's own thread, so a client
+    that fails its handshake holds up no other."""
+
+    tls: ssl.SSLContext
+    tls_errors: list[str]
+
+    def finish_request(self, request, client_address) -> None:
+        secured = self.tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        try:
+            secured.do_handshake()
+        except (ssl.SSLError, OSError) as error:
+            self.tls_errors.append(str(error))
+            _linger(secured)
+            return
+        try:
+            super().finish_request(secured, client_address)
+        finally:
+            secured.close()
+
+
+def _linger(connection: ssl.SSLSocket, limit_s: float = 2.0) -> None:
+    """Close after the client does (or `limit_s`), what is sent meanwhile dropped: closing with the client's
+    request unread would reset the connection, and the client might lose the alert that says why."""
+    try:
+        connection.settimeout(limit_s)
+        while socket.socket.recv(connection, 65536):  # the raw bytes, past the failed TLS layer
+            pass
+    except OSError:
+        pass
+    finally:
+        connection.close()
+
+    def handle_error(self, request, client_address) -> None:  # an error after the handshake: the client's doing
+        pass

@@ -24,6 +24,7 @@ from typing import Any
 from herald.config.checks import check_subscription, check_topic, filter_rules
 from herald.config.files import ConfigError, Problem, load_file, raw_mapping, substitute_env, yaml_files
 from herald.config.model import HeraldSettings, Subscription, Topic
+from herald.config.tls import check_tls, effective_tls
 
 SETTINGS_FILE = "herald.yaml"
 TOPICS_DIR = "topics"
@@ -206,6 +207,8 @@ def _load(conf_dir: Path | str, lenient: bool) -> LoadResult:
 
     settings_path = conf_dir / SETTINGS_FILE
     settings = load_file(settings_path, HeraldSettings, shown, problems, required=True)
+    if settings is not None:
+        problems.extend(check_tls(settings.delivery.tls, conf_dir, shown(settings_path), "delivery.tls"))
     if lenient and (problems or settings is None):
         raise ConfigError(problems or [Problem(shown(settings_path), "", "file not found")])
 
@@ -242,6 +245,8 @@ def _load(conf_dir: Path | str, lenient: bool) -> LoadResult:
             found.extend(check_subscription(
                 subscription, topics, shown(path), notes, invalid_topics if lenient else {}, shown,
                 {provider.name for provider in settings.oauthProviders} if settings is not None else None))
+            found.extend(check_tls(subscription.tls, conf_dir, shown(path), "tls"))
+            subscription = _with_tls_in_force(subscription, settings, conf_dir)
         if found:
             problems.extend(found)
             invalid_subscriptions.append(path)
@@ -256,6 +261,12 @@ def _load(conf_dir: Path | str, lenient: bool) -> LoadResult:
     left_out = {path: claimed.get(path) for path in invalid_subscriptions}
     config = HeraldConfig(conf_dir, settings, topics, tuple(subscriptions), files, tuple(notes), schemas, left_out)
     return LoadResult(config, tuple(problems), tuple(invalid_subscriptions), tuple(invalid_topics))
+
+
+def _with_tls_in_force(subscription: Subscription, settings: HeraldSettings | None, conf_dir: Path) -> Subscription:
+    """The subscription with the TLS settings it delivers with: its own over herald.yaml's, paths absolute."""
+    tls = effective_tls(subscription.tls, settings.delivery.tls if settings is not None else None, conf_dir)
+    return subscription if tls == subscription.tls else subscription.model_copy(update={"tls": tls})
 
 
 def conf_fingerprint(conf_dir: Path | str) -> tuple:

@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
+from herald.config.tls import Tls
 from herald.delivery.flow import FlowSettings
 from herald.delivery.oauth import TokenSource
 from herald.delivery.policy import RetryPolicy
@@ -107,10 +108,13 @@ class DeliverySettings(Strict):
     transport: the HTTP client: 'curl' (pycurl's multi interface, no threads), 'requests' (requests on a
         bounded thread pool), or 'auto' (curl when pycurl loads, requests otherwise).
     maxOpenRequests: most HTTP requests open at once in one Spark task, over all its subscriptions.
+    tls: HTTPS settings of every subscription (CA bundle, client certificate), which a subscription's own `tls`
+        overrides (`herald.config.tls`).
     """
 
     transport: Literal["auto", "curl", "requests"] = "auto"
     maxOpenRequests: Annotated[int, Field(ge=1, le=10_000)] = 512
+    tls: Tls | None = None
 
 
 class SparkSettings(Strict):
@@ -455,6 +459,9 @@ class Subscription(Strict):
     signing: Signing | None = None
     onDiscard: OnDiscard | None = None
     oAuthPolicy: OAuthPolicy | None = None
+    # HTTPS: as written, over herald.yaml's delivery.tls; once loaded (`load_config`), the settings in force: both
+    # merged (`herald.config.tls`) and paths absolute
+    tls: Tls | None = None
 
     @model_validator(mode="wrap")
     @classmethod

@@ -246,7 +246,7 @@ class Lane:
         if plan.signing_keys:
             lines += signature_lines(plan.signing_keys, unit.id, now_ms // 1000, body)
         return HttpRequest(unit.url(index) or target.url, lines, body, plan.request_timeout_s,
-                           plan.socket_timeout_s)
+                           plan.socket_timeout_s, tls=plan.tls)
 
     def answer(self, unit: Unit, started_at: float, result, now: float, now_ms: int) -> None:
         """Classify the answer to an attempt and deliver, retry or discard."""

@@ -5,7 +5,7 @@ This is docs/design.md §4's back-pressure table, in one tested place:
 | answer                                                      | retried               | slows the flow |
 |-------------------------------------------------------------|-----------------------|----------------|
 | 2xx                                                         | no, delivered         | no             |
-| 3xx (never followed), 5xx except 503, timeout, conn. error  | yes                   | yes            |
+| 3xx (never followed), 5xx except 503, timeout, conn. or TLS error | yes           | yes            |
 | 503 without Retry-After                                     | yes                   | yes            |
 | 503 with Retry-After                                        | yes, after that delay | no             |
 | 429, retryClientErrors=false                                | no, discarded         | yes            |
@@ -48,6 +48,7 @@ class FailureKind(enum.Enum):
 
     TIMEOUT = "timeout"
     CONNECTION = "connection"
+    TLS = "tls"  # the handshake failed: a certificate that does not verify, a client certificate refused, ...
 
 
 @dataclass(frozen=True)

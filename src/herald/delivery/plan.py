@@ -14,6 +14,7 @@ from herald.delivery.message import RetryState
 from herald.delivery.oauth import TokenSource
 from herald.delivery.policy import RetryPolicy
 from herald.delivery.spec import BatchSpec
+from herald.delivery.tls import TlsSettings
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class LanePlan:
     version: the version of the subscription's definition the round was planned with; a task that learns of
         another (or that the subscription is no longer delivered) starts no more first attempts for it
         (`herald.delivery.control`).
+    tls: whom its https attempts trust and the client certificate they show (None: certifi's CAs, none shown);
+        its repr never shows the key's passphrase.
     """
 
     subscription_id: str
@@ -86,6 +89,7 @@ class LanePlan:
     oauth: TokenSource | None = None
     batch: BatchSpec | None = None
     version: str = ""
+    tls: TlsSettings | None = None
 
     @property
     def tracks_all(self) -> bool:

@@ -108,4 +108,5 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         signing_keys=subscription.signing.keys() if subscription.signing is not None else (),
         batch=None if retries else spec.batch,  # messages parked before a change to BATCH go out alone
         version=version_of(subscription),
+        tls=subscription.tls.settings() if subscription.tls is not None else None,  # in force: load_config merged it
     )

@@ -17,7 +17,10 @@ Semantics on both (docs/design.md §4):
 - redirects are never followed (a 3xx is an answer to classify); no `Expect: 100-continue`;
 - the headers are sent as given (the Authorization header carries Basic auth from the endpoint);
 - the answer's `Retry-After` header is returned as text; its body is read (up to a limit) and dropped;
-- proxies, cookies and .netrc from the environment are never used.
+- proxies, cookies and .netrc from the environment are never used;
+- https: the server's certificate and host name are always verified, against the request's `tls.ca_bundle` or
+  certifi's CAs, and `tls`'s client certificate is shown when the server asks (`herald.delivery.tls`); a
+  failed handshake is a `tls_failure`. Connections are reused only by requests with equal `tls`.
 
 Only configuration crosses a process boundary: a transport is created in the task (`open_transport`).
 
@@ -39,6 +42,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from herald.delivery.outcome import FailureKind, TransportFailure
+from herald.delivery.tls import TlsSettings, tls_detail
 from herald.endpoint import mask_secrets
 
 MAX_ANSWER_BODY_BYTES = 64 * 1024
@@ -59,6 +63,7 @@ class HttpRequest:
 
     request_timeout_s: total time for the attempt, seconds.
     socket_timeout_s: longest silence while the answer is awaited or read, seconds; 0 means none.
+    tls: whom an https attempt trusts and the client certificate it shows (None: certifi's CAs, none shown).
     """
 
     url: str
@@ -66,6 +71,7 @@ class HttpRequest:
     body: bytes
     request_timeout_s: float = 1.0
     socket_timeout_s: float = 0.0
+    tls: TlsSettings | None = None
 
     def __repr__(self) -> str:  # header lines may carry Authorization: never shown
         return f"HttpRequest({self.url!r}, {len(self.body)} bytes)"
@@ -112,6 +118,12 @@ def timeout_failure(request: HttpRequest, elapsed_s: float) -> TransportFailure:
 def connection_failure(detail: str) -> TransportFailure:
     """Any other failure to get an answer; `detail` is the client's short description (passwords masked)."""
     return TransportFailure(FailureKind.CONNECTION, f"Connection error: {mask_secrets(detail)}")
+
+
+def tls_failure(detail: str) -> TransportFailure:
+    """A failed TLS handshake (a certificate that does not verify, a client certificate refused or unreadable);
+    `detail` is the client's text, said the same way on both transports (`herald.delivery.tls.tls_detail`)."""
+    return TransportFailure(FailureKind.TLS, f"TLS: {mask_secrets(tls_detail(detail))}")
 
 
 TRANSPORTS = ("auto", "curl", "requests")

@@ -1,13 +1,17 @@
 """The curl transport: libcurl's multi interface through pycurl, one thread for every open attempt.
 
 One `CurlMulti` drives every attempt of the transport; easy handles are created on demand (never more than
-`max_open`) and reused, kept idle per endpoint (scheme, host, port) so that a handle usually goes back to the
-URL and timeouts it already has and only the headers and body are set per attempt. Connections are kept alive
-in the multi handle's cache, at most `max_open` of them.
+`max_open`) and reused, kept idle per endpoint (scheme, host, port) and TLS settings so that a handle usually
+goes back to the URL, timeouts and TLS options it already has and only the headers and body are set per
+attempt. Connections are kept alive in the multi handle's cache, at most `max_open` of them; libcurl reuses
+one only for an attempt with the same TLS options (CA file, client certificate).
 
 Options of every attempt: POST, HTTP/1.1, no redirects, no `Expect: 100-continue`, no `Content-Type` added by
 libcurl, no proxy (not even from the environment), no .netrc, no cookies, `User-Agent: Herald/<version>`,
-certifi's CA bundle for https, no signals. The answer's head is written into a buffer and searched for
+no signals; for https the peer and its host name verified (SSL_VERIFYPEER, SSL_VERIFYHOST) against the
+request's `tls.ca_bundle` or certifi's CA bundle (CAINFO), and its client certificate (SSLCERT, SSLKEY,
+KEYPASSWD) when it has one. pycurl cannot unset a client certificate: a handle that had one is reset before it
+serves an attempt without it. The answer's head is written into a buffer and searched for
 Retry-After only; the body is counted and dropped (`MAX_ANSWER_BODY_BYTES` at most: a longer answer stops the
 transfer, its connection is closed, and its status is still returned).
 
@@ -24,7 +28,8 @@ Waiting uses select(2) (`CurlMulti.select`), which sees descriptors below FD_SET
 never lasts longer than libcurl's next timer nor `_MAX_WAIT_S`, so transfers on higher descriptors still
 progress, that much later.
 
-pycurl errors become `TransportFailure`s here and nowhere else.
+pycurl errors become `TransportFailure`s here and nowhere else: TLS ones (`_TLS_ERRORS`, `_TLS_IF_SAID`)
+`tls_failure`s.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ from herald.delivery.transport import (
     Transport,
     connection_failure,
     timeout_failure,
+    tls_failure,
 )
+from herald.delivery.tls import TlsSettings
 
 _MAX_WAIT_S = 0.05
 """Longest single wait in `poll`, seconds (see the module docstring: descriptors above FD_SETSIZE)."""
@@ -63,17 +70,32 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 Endpoint = tuple[str, str, int]
 """(scheme, host, port)"""
 
+Pool = tuple[str, str, int, TlsSettings | None]
+"""(scheme, host, port, TLS settings): the handles idle for such attempts"""
+
+_TLS_ERRORS = frozenset((
+    pycurl.E_SSL_CONNECT_ERROR, pycurl.E_PEER_FAILED_VERIFICATION, pycurl.E_SSL_CERTPROBLEM, pycurl.E_SSL_CIPHER,
+    pycurl.E_SSL_CACERT_BADFILE, pycurl.E_SSL_ISSUER_ERROR, pycurl.E_SSL_CRL_BADFILE,
+    pycurl.E_SSL_PINNEDPUBKEYNOTMATCH, pycurl.E_SSL_INVALIDCERTSTATUS, pycurl.E_SSL_SHUTDOWN_FAILED,
+    pycurl.E_USE_SSL_FAILED, getattr(pycurl, "E_SSL_CLIENTCERT", 98)))
+"""libcurl's error codes of a failed TLS handshake or TLS setup"""
+
+_TLS_IF_SAID = frozenset((pycurl.E_RECV_ERROR, pycurl.E_SEND_ERROR, pycurl.E_BAD_FUNCTION_ARGUMENT))
+_TLS_WORDS = ("SSL", "certificate", "private key")
+"""Errors that are TLS ones when their text says so: OpenSSL's alert after the handshake (TLS 1.3 refuses a
+client certificate so), and libcurl 8's code for a client key it cannot load (a wrong passphrase)."""
+
 
 class _Handle(pycurl.Curl):
     """An easy handle and what its current attempt needs back.
 
-    url, timeout_ms: what is set on the handle, so that only what changes is set again.
+    url, timeout_ms, tls: what is set on the handle, so that only what changes is set again.
     head: the answer's head, as received. token, request: the attempt under way (None when idle).
     started, moved, moved_at: for an attempt with an idle limit, when it started (monotonic seconds), the bytes
         it had moved at the last look, and since when (monotonic seconds).
     """
 
-    __slots__ = ("endpoint", "url", "timeout_ms", "head", "token", "request", "started", "moved", "moved_at")
+    __slots__ = ("pool", "url", "timeout_ms", "tls", "head", "token", "request", "started", "moved", "moved_at")
 
 
 class CurlTransport(Transport):
@@ -87,7 +109,7 @@ class CurlTransport(Transport):
         self._multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, max_open)
         self._multi.setopt(pycurl.M_MAXCONNECTS, max_open)
         self._handles: list[_Handle] = []
-        self._idle: dict[Endpoint, list[_Handle]] = {}
+        self._idle: dict[Pool, list[_Handle]] = {}
         self._endpoints: dict[str, Endpoint] = {}  # url -> endpoint
         self._watched: dict[_Handle, None] = {}  # open attempts with an idle limit
         self._next_idle_check = 0.0
@@ -100,7 +122,9 @@ class CurlTransport(Transport):
     def start(self, request: HttpRequest, token: Hashable) -> None:
         url = request.url
         endpoint = self._endpoints.get(url) or self._endpoint(url)
-        handle = self._take(endpoint)
+        handle = self._take((*endpoint, request.tls))
+        if handle.tls != request.tls:
+            _set_tls(handle, request.tls)
         if handle.url != url:
             handle.setopt(pycurl.URL, url)
             handle.url = url
@@ -164,9 +188,9 @@ class CurlTransport(Transport):
         self._endpoints[url] = endpoint
         return endpoint
 
-    def _take(self, endpoint: Endpoint) -> _Handle:
-        """An idle handle of `endpoint`, else a new one while there are fewer than max_open, else any idle one."""
-        idle = self._idle.get(endpoint)
+    def _take(self, pool: Pool) -> _Handle:
+        """An idle handle of `pool`, else a new one while there are fewer than max_open, else any idle one."""
+        idle = self._idle.get(pool)
         if idle:
             return idle.pop()
         if len(self._handles) < self.max_open:
@@ -176,7 +200,7 @@ class CurlTransport(Transport):
             handle = next((handles.pop() for handles in self._idle.values() if handles), None)
             if handle is None:
                 raise RuntimeError(f"transport full: {self._open} attempts open, max_open {self.max_open}")
-        handle.endpoint = endpoint
+        handle.pool = pool
         return handle
 
     def _collect(self, finished: list) -> None:
@@ -215,17 +239,24 @@ class CurlTransport(Transport):
             self._watched.pop(handle, None)
         handle.token = handle.request = None
         self._open -= 1
-        idle = self._idle.get(handle.endpoint)
+        idle = self._idle.get(handle.pool)
         if idle is None:
-            self._idle[handle.endpoint] = [handle]
+            self._idle[handle.pool] = [handle]
         else:
             idle.append(handle)
 
 
 def _new_handle() -> _Handle:
     handle = _Handle()
-    handle.url = handle.timeout_ms = handle.token = handle.request = None
+    handle.token = handle.request = None
     handle.head = io.BytesIO()
+    _configure(handle)
+    return handle
+
+
+def _configure(handle: _Handle) -> None:
+    """The options every attempt has (`start` sets the URL, timeout, headers, body and client certificate)."""
+    handle.url = handle.timeout_ms = handle.tls = None
     handle.setopt(pycurl.HEADERFUNCTION, handle.head.write)
     handle.setopt(pycurl.WRITEFUNCTION, len)  # the body is dropped: "all bytes taken", without a Python frame
     handle.setopt(pycurl.MAXFILESIZE, MAX_ANSWER_BODY_BYTES)
@@ -236,8 +267,25 @@ def _new_handle() -> _Handle:
     handle.setopt(pycurl.NETRC, pycurl.NETRC_IGNORED)
     handle.setopt(pycurl.NOSIGNAL, 1)
     handle.setopt(pycurl.USERAGENT, f"Herald/{__version__}")
+    handle.setopt(pycurl.SSL_VERIFYPEER, 1)
+    handle.setopt(pycurl.SSL_VERIFYHOST, 2)
     handle.setopt(pycurl.CAINFO, certifi.where())
-    return handle
+
+
+def _set_tls(handle: _Handle, tls: TlsSettings | None) -> None:
+    """Set the handle's CA file and client certificate to `tls`'s (None: certifi's CAs, no certificate)."""
+    old = handle.tls
+    if old is not None and old.client_cert is not None and (
+            tls is None or (old.client_cert, old.client_key, old.client_key_password)
+            != (tls.client_cert, tls.client_key, tls.client_key_password)):
+        handle.reset()  # SSLCERT, SSLKEY and KEYPASSWD cannot be unset one by one
+        _configure(handle)
+    handle.setopt(pycurl.CAINFO, tls.ca_bundle if tls is not None and tls.ca_bundle else certifi.where())
+    if tls is not None and tls.client_cert is not None:
+        handle.setopt(pycurl.SSLCERT, tls.client_cert)
+        handle.setopt(pycurl.SSLKEY, tls.client_key or tls.client_cert)
+        handle.setopt(pycurl.KEYPASSWD, tls.client_key_password or "")  # "": OpenSSL never prompts on a terminal
+    handle.tls = tls
 
 
 def _answer(handle: _Handle) -> HttpAnswer:
@@ -249,6 +297,8 @@ def _failure(handle: _Handle, code: int, message: str) -> HttpAnswer | Transport
         return _answer(handle)
     if code == pycurl.E_OPERATION_TIMEDOUT:
         return timeout_failure(handle.request, handle.getinfo(pycurl.TOTAL_TIME))
+    if code in _TLS_ERRORS or (code in _TLS_IF_SAID and any(word in message for word in _TLS_WORDS)):
+        return tls_failure(message)
     return connection_failure(message or f"curl error {code}")
 
 

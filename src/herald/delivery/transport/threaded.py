@@ -1,7 +1,7 @@
 """The requests transport: requests' HTTPAdapter on a bounded pool of threads, where pycurl cannot load.
 
-Each worker thread has its own keep-alive connection pool (one connection per endpoint it talks to); the
-pool has at most `min(max_open, MAX_THREADS)` threads, whatever the number of subscriptions. Attempts are
+Each worker thread has its own keep-alive connection pool (one connection per endpoint and TLS settings it talks
+to); the pool has at most `min(max_open, MAX_THREADS)` threads, whatever the number of subscriptions. Attempts are
 queued to the threads and their results come back through a queue that `poll` reads.
 
 Requests go straight to an HTTPAdapter (no Session): no redirects, cookies, proxies or .netrc taken from the
@@ -11,12 +11,19 @@ environment. Timeouts (docs/design.md §4):
   body is read only while it has not passed;
 - `socket_timeout_s` (0 = none) is an idle limit: no single read waits longer (to the millisecond).
 
-This is the only place that sees requests/urllib3 exceptions; they become `TransportFailure`s here.
+https: each attempt passes its TLS settings (`verify=` its CA bundle or requests' default, certifi's; `cert=`
+its client certificate and key, and the key's passphrase, which requests has no parameter for, through
+`_Adapter`); urllib3 keeps a connection pool per endpoint and TLS settings, so a connection is reused only by
+attempts with the same ones.
+
+This is the only place that sees requests/urllib3 exceptions; they become `TransportFailure`s here (`_failure`:
+an SSL error a `tls_failure`).
 """
 
 from __future__ import annotations
 
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Hashable
@@ -35,7 +42,9 @@ from herald.delivery.transport import (
     Transport,
     connection_failure,
     timeout_failure,
+    tls_failure,
 )
+from herald.delivery.tls import TlsSettings
 
 MAX_THREADS = 32
 """Most worker threads of one transport."""
@@ -53,7 +62,7 @@ class ThreadedTransport(Transport):
         self._pool = ThreadPoolExecutor(min(max_open, MAX_THREADS), thread_name_prefix="herald-http")
         self._finished: queue.SimpleQueue = queue.SimpleQueue()
         self._local = threading.local()
-        self._adapters: list[HTTPAdapter] = []
+        self._adapters: list[_Adapter] = []
         self._lock = threading.Lock()
         self._open = 0
         self._closed = False
@@ -100,13 +109,13 @@ class ThreadedTransport(Transport):
         try:
             result = self._post(request)
         except Exception as error:  # noqa: BLE001 - anything unexpected is still a failed attempt, not a lost one
-            result = connection_failure(_describe(error))
+            result = _failure(error)
         self._finished.put((token, result))
 
-    def _adapter(self) -> HTTPAdapter:
+    def _adapter(self) -> _Adapter:
         adapter = getattr(self._local, "adapter", None)
         if adapter is None:
-            adapter = HTTPAdapter(pool_connections=8, pool_maxsize=1, max_retries=0)
+            adapter = _Adapter(pool_connections=8, pool_maxsize=1, max_retries=0)
             self._local.adapter = adapter
             with self._lock:
                 self._adapters.append(adapter)
@@ -118,21 +127,51 @@ class ThreadedTransport(Transport):
         prepared = requests.Request("POST", request.url, headers=_headers(request.header_lines)).prepare()
         prepared.body = request.body
         prepared.headers["Content-Length"] = str(len(request.body))
+        adapter = self._adapter()
+        tls = request.tls
+        adapter.key_password = tls.client_key_password if tls is not None else None
         try:
-            response = self._adapter().send(
+            response = adapter.send(
                 prepared,
                 stream=True,
                 timeout=(request.request_timeout_s, _read_timeout_s(request, request.request_timeout_s)),
+                verify=_verify(tls),
+                cert=_cert(tls),
             )
         except requests.exceptions.Timeout:
             return timeout_failure(request, time.monotonic() - started)
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
-            return connection_failure(_describe(error))
+            return _failure(error)
         try:
             failure = _drain(response, request, deadline, started)
         finally:
             response.close()
         return failure or HttpAnswer(response.status_code, response.headers.get("Retry-After"))
+
+
+class _Adapter(HTTPAdapter):
+    """requests' HTTPAdapter, plus the client key's passphrase of the attempt being sent (`key_password`, set
+    before each `send`: one thread uses an adapter), handed to urllib3, which keys its pools by it too."""
+
+    key_password: str | None = None
+
+    def build_connection_pool_key_attributes(self, request, verify, cert=None):
+        host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
+        if cert is not None and self.key_password is not None:
+            pool_kwargs["key_password"] = self.key_password
+        return host_params, pool_kwargs
+
+
+def _verify(tls: TlsSettings | None) -> str | bool:
+    """requests' `verify=`: the CA bundle's path, or True (requests' default CAs, certifi's)."""
+    return tls.ca_bundle if tls is not None and tls.ca_bundle else True
+
+
+def _cert(tls: TlsSettings | None) -> tuple[str, str] | str | None:
+    """requests' `cert=`: (certificate, key), the certificate alone (its file holds the key), or None."""
+    if tls is None or tls.client_cert is None:
+        return None
+    return (tls.client_cert, tls.client_key) if tls.client_key else tls.client_cert
 
 
 def _headers(header_lines: tuple[str, ...]) -> dict[str, str]:
@@ -169,14 +208,28 @@ def _drain(response: requests.Response, request: HttpRequest, deadline: float, s
     except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
         if isinstance(error, (urllib3.exceptions.ReadTimeoutError, TimeoutError)):
             return timeout_failure(request, time.monotonic() - started)
-        return connection_failure(_describe(error))
+        return _failure(error)
+
+
+def _failure(error: BaseException) -> TransportFailure:
+    """A failed attempt's error as a TransportFailure: a `tls_failure` when an SSL error caused it (its OpenSSL
+    text), else a `connection_failure`."""
+    root = _root(error)
+    if isinstance(root, ssl.SSLError) or isinstance(error, requests.exceptions.SSLError):
+        return tls_failure(str(root).split("(Caused by")[0])
+    return connection_failure(_describe(error))
+
+
+def _root(error: BaseException) -> BaseException:
+    root = error
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+    return root
 
 
 def _describe(error: BaseException) -> str:
     """A short description of a transport error: its root cause's type and text (masked by the caller)."""
-    root: BaseException = error
-    while root.__cause__ is not None or root.__context__ is not None:
-        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+    root = _root(error)
     name = type(root).__name__
     text = str(root).split("(Caused by")[0].strip()
     return f"{name}: {text}" if text else name
