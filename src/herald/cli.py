@@ -217,7 +217,7 @@ def _iso(epoch_ms: int | None) -> str:
 
 
 def cmd_retransmit(args) -> int:
-    from herald.engine.moves import MoveError, parse_date, plan_move, record_move
+    from herald.engine.moves import MoveError, parse_date, retransmit
     from herald.source.kafka_offsets import KafkaOffsetsError
     from herald.storage import DeltaRsStore
     from herald.storage.tables import epoch_ms
@@ -228,19 +228,14 @@ def cmd_retransmit(args) -> int:
     except MoveError as error:
         print(f"{args.id}: {error}", file=sys.stderr)
         return 2
-    kafka = config.settings.kafka
     kafka_topic = config.topic_of(subscription).kafka_topic
     store = DeltaRsStore(config.storage_path, config.settings.storage.options or None)
-    from herald.engine.state import stored_positions
-
-    current = stored_positions(store).get((subscription.id, kafka_topic), {})
     try:
-        move = plan_move(kafka.client_config(), subscription.id, kafka_topic, current, date)
+        current, move = retransmit(store, config.settings.kafka.client_config(), subscription.id, kafka_topic, date,
+                                   dry_run=args.dry_run)
     except KafkaOffsetsError as error:
         print(f"{args.id}: {error}", file=sys.stderr)
         return 1
-    if not args.dry_run:
-        record_move(store, move)
     partitions = [{"partition": p, "from": current.get(p), "to": offset} for p, offset in sorted(move.to_offsets.items())]
     if args.json:
         print(json.dumps({"subscription": subscription.id, "topic": kafka_topic, "date": epoch_ms(date),
@@ -341,36 +336,24 @@ def cmd_publish(args) -> int:
 
 
 def cmd_state(args) -> int:
-    """suspend / activate: set `state:` in the subscription's YAML file, keeping the rest of the file as it is.
-
-    Only that file is written, so other invalid files do not stop it (they are warnings); the file must be
-    valid before and after the edit (otherwise it is left as it was, exit 2)."""
-    import re
+    """suspend / activate: set `state:` in the subscription's YAML file, keeping the rest of the file as it is
+    (`herald.config.edit`). Other invalid files do not stop it (they are warnings)."""
+    from herald.config.edit import EditRefused, set_state
 
     config, subscription = _load_lenient(args.conf, args.id)
-    path = config.files[subscription.id]
     state = "SUSPENDED" if args.command == "suspend" else "ACTIVE"
-    original = path.read_text(encoding="utf-8")
-    line = re.compile(r"^state:[ \t]*\S+[ \t]*(#.*)?$", re.MULTILINE)
-    text = line.sub(lambda m: f"state: {state}" + (f"  {m.group(1)}" if m.group(1) else ""), original, count=1) \
-        if line.search(original) else original.rstrip("\n") + f"\nstate: {state}\n"
-    path.write_text(text, encoding="utf-8")
     try:
-        after = load_config_lenient(Path(args.conf))
-    except ConfigError as error:  # herald.yaml changed meanwhile
-        path.write_text(original, encoding="utf-8")
+        after = set_state(args.conf, config, subscription.id, state)
+    except ConfigError as error:
         _refuse(args.conf, error)
-    edited = next((s for s in after.config.subscriptions if after.config.files.get(s.id) == path), None)
-    if edited is None or edited.id != subscription.id or edited.state != state:
-        path.write_text(original, encoding="utf-8")
-        print(f"{subscription.id}: could not set state {state} in {path} (the file is left as it was):",
+    except EditRefused as refused:
+        print(f"{subscription.id}: could not set state {state} in {refused.path} (the file is left as it was):",
               file=sys.stderr)
-        for problem in after.problems_in(path):
+        for problem in refused.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    poll_ms = after.config.settings.streaming.configPollMs
-    print(f"{subscription.id}: {state} ({path}); a running `herald run` applies this within "
-          f"streaming.configPollMs ({poll_ms} ms), no restart needed")
+    print(f"{subscription.id}: {state} ({config.files[subscription.id]}); a running `herald run` applies this "
+          f"within streaming.configPollMs ({after.settings.streaming.configPollMs} ms), no restart needed")
     return 0
 
 

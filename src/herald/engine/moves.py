@@ -92,6 +92,20 @@ def plan_move(client_config: dict, subscription: str, kafka_topic: str, current:
     return Move(subscription, kafka_topic, dict(current), targets, date, epoch_ms(now), getpass.getuser())
 
 
+def retransmit(store: TableStore, client_config: dict, subscription: str, kafka_topic: str, date: dt.datetime,
+               dry_run: bool = False) -> tuple[dict[int, int], Move]:
+    """`herald retransmit`: plan the move of `subscription` in `kafka_topic` to the first messages published at or
+    after `date` from its stored positions and, unless `dry_run`, record it (a running job applies it within
+    `configPollMs`). Returns (the positions it had, the move). Raises KafkaOffsetsError when Kafka cannot say."""
+    from herald.engine.state import stored_positions
+
+    current = stored_positions(store).get((subscription, kafka_topic), {})
+    move = plan_move(client_config, subscription, kafka_topic, current, date)
+    if not dry_run:
+        record_move(store, move)
+    return current, move
+
+
 def record_move(store: TableStore, move: Move) -> None:
     """Write the move: its record first, then the positions (so a crash between them moves nothing)."""
     store.replace(RETRANSMISSIONS, record_rows(move, None), Slice(move.writer, move.move_id))
