@@ -126,7 +126,8 @@ class CatchUp:
                                        settings.kafka.properties, pipeline.kafka_topic,
                                        {p: start for p, (start, _) in ranges.items()},
                                        {p: end for p, (_, end) in ranges.items()})
-                results = steps.deliver(context, pipeline.topic, participants, raw, ranges,
+                results = steps.deliver(context, pipeline.topic, [state.subscription for state in group],
+                                        participants, raw, ranges,
                                         max_tasks=max(1, context.parallelism // 2), shared=False, known_lost=deleted)
         finally:
             with pipeline.lock:

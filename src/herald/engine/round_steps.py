@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from herald.config import Subscription
 from herald.config.model import Topic
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.engine.context import EngineContext, stamp_ms
@@ -70,11 +71,17 @@ def input_partitions(ranges: Ranges) -> int:
     return max(1, sum(1 for start, end in ranges.values() if start < end))
 
 
-def deliver(context: EngineContext, topic: Topic, members: list[Participant], raw, ranges: Ranges,
-            max_tasks: int, shared: bool, known_lost: Lost = ()) -> list[SubscriptionOutcome]:
+def deliver(context: EngineContext, topic: Topic, subscriptions: list[Subscription], members: list[Participant],
+            raw, ranges: Ranges, max_tasks: int, shared: bool, known_lost: Lost = ()) -> list[SubscriptionOutcome]:
     """Deliver the Kafka rows `raw` of `ranges` to `members` in Spark tasks (at most `max_tasks`); what the round
-    did for each. `known_lost`: offsets of the ranges found deleted before the read."""
-    rows = project(raw, context.config, topic, [member.state.subscription for member in members])
+    did for each. The rows are projected for `subscriptions`, the list the members' indices point into (a row's
+    `targets` are such indices): the topic's ACTIVE subscriptions, some of which may not take part.
+    `known_lost`: offsets of the ranges found deleted before the read."""
+    for member in members:  # a row must never reach another subscription's lane
+        if not (0 <= member.index < len(subscriptions)) or subscriptions[member.index] is not member.state.subscription:
+            raise RuntimeError(f"round of {topic.kafka_topic}: participant {member.state.id} has index {member.index}, "
+                               f"which is not its place in the projected subscriptions")
+    rows = project(raw, context.config, topic, subscriptions)
     partitions = input_partitions(ranges)
     plan = task_plan(context, topic.kafka_topic, {member.index: member.plan for member in members},
                      tasks=max(1, min(partitions, max_tasks)), shared=shared)

@@ -223,12 +223,13 @@ class TopicPipeline:
             for state in self.states.values():
                 for partition in ranges:  # a partition added to the topic: every subscription from its start
                     state.positions.setdefault(partition, 0)
-            participants = self._participants(self.subscriptions, ranges)
+            subscriptions = self.subscriptions
+            participants = self._participants(subscriptions, ranges)
             self.batch_in_progress = True
         results: list[SubscriptionOutcome] = []
         try:
             if participants and any(start < end for start, end in ranges.values()):
-                results = steps.deliver(context, self.topic, participants, batch_df, ranges,
+                results = steps.deliver(context, self.topic, subscriptions, participants, batch_df, ranges,
                                         max_tasks=context.parallelism, shared=True)
             else:
                 results = [SubscriptionOutcome(p.state.subscription, flow_state=p.state.flow,

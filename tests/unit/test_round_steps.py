@@ -1,0 +1,59 @@
+"""A round's rows reach only their own subscription's lane: the indices of a micro-batch's participants point
+into the list the rows are projected for, also when some of the topic's subscriptions sit the round out (they
+catch up on their own), and a round whose indices would not is refused before anything is read or sent."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from herald.config import load_config
+from herald.engine import round_steps as steps
+from herald.engine.fanout import Participant
+from herald.engine.state import SubscriptionState
+from herald.engine.topic import TopicPipeline
+from herald.delivery.flow import FlowSettings
+from tests.support.config_files import SUBSCRIPTION, write_conf
+
+
+def _config(tmp_path):
+    names = ["alpha", "beta", "gamma"]
+    return load_config(write_conf(tmp_path, subscriptions={
+        name: SUBSCRIPTION.replace("name: billing", f"name: {name}") for name in names}))
+
+
+class _NoParked:
+    @staticmethod
+    def parked_count(subscription_id: str) -> int:
+        return 0
+
+
+def _pipeline(config, catching_up: set[str]) -> TopicPipeline:
+    context = types.SimpleNamespace(config=config, flow_settings=FlowSettings(), oauth_providers={})
+    states = [SubscriptionState(s, positions={0: 0}, catching_up=s.name in catching_up) for s in config.subscriptions]
+    pipeline = TopicPipeline.__new__(TopicPipeline)  # no Spark: only the states and the planning are used here
+    pipeline.context, pipeline.retries, pipeline.states = context, _NoParked(), {s.id: s for s in states}
+    return pipeline
+
+
+@pytest.mark.parametrize("sitting_out", [set(), {"alpha"}, {"beta"}, {"alpha", "gamma"}])
+def test_a_micro_batch_numbers_its_participants_by_their_place_among_the_projected_subscriptions(tmp_path,
+                                                                                                    sitting_out):
+    pipeline = _pipeline(_config(tmp_path), sitting_out)
+    projected = pipeline.subscriptions
+    members = pipeline._participants(projected, {0: (0, 10)})
+    assert sorted(m.state.subscription.name for m in members) == sorted({"alpha", "beta", "gamma"} - sitting_out)
+    for member in members:
+        assert projected[member.index] is member.state.subscription
+        assert member.plan.subscription_id == member.state.id
+
+
+def test_a_round_whose_indices_point_at_another_subscription_is_refused_before_it_reads(tmp_path):
+    config = _config(tmp_path)
+    alpha, beta, _ = config.subscriptions
+    state = SubscriptionState(beta, positions={0: 0})
+    misnumbered = [Participant(0, state, None)]  # beta numbered as if the projection held beta alone
+    with pytest.raises(RuntimeError, match="not its place"):
+        steps.deliver(types.SimpleNamespace(config=config), config.topic_of(beta), [alpha, beta], misnumbered,
+                      raw=None, ranges={0: (0, 10)}, max_tasks=1, shared=True)
