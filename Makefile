@@ -8,7 +8,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test unit demo bench dist clean
 
+# After pip: the JVM parts, each fetched once from Maven Central into ~/.cache/herald (later runs find them there):
+# Spark's Kafka source and delta-spark, which Herald's local sessions load, and Apache Kafka's own broker, which
+# the tests on a real Kafka start (tests/support/kafka_broker.py).
 install: $(STAMP)
+	$(BIN)/herald jars fetch
+	$(BIN)/python -m tests.support.kafka_dist
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
