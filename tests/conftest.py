@@ -1,4 +1,5 @@
-"""Shared fixtures: one embedded broker and one SparkSession for the whole test session (both are slow to start)."""
+"""Shared fixtures: one embedded broker and one SparkSession for the whole test session (both are slow to start),
+and Apache Kafka itself for the tests that need the real thing (started on first use only)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ def broker(tmp_path_factory) -> EmbeddedBroker:
     embedded.up()
     yield embedded
     embedded.down()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """Apache Kafka's own broker (KRaft, one node) on free loopback ports, started once, by the first test that asks
+    for it (4-5 s; jars fetched by `make install`, or here the first time). Tests may restart it; it keeps its data."""
+    from tests.support.kafka_broker import KafkaBroker
+
+    kafka = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    kafka.start()
+    yield kafka
+    kafka.stop()
 
 
 @pytest.fixture(scope="session")
