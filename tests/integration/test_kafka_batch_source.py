@@ -10,9 +10,9 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.errors import AnalysisException, StreamingQueryException
 
-from herald.session import jvm_class_loads
 from herald.source import PYTHON_SOURCE_NAME
 from herald.source.stream import SPARK_KAFKA_CLASS, read_kafka_range
+from tests.support.herald_env import require_jars
 from tests.support.kafka_source import BASE_TS_MS, base_options, produce, run_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -95,8 +95,8 @@ def test_assign_reads_only_the_assigned_partitions(source_spark, broker, filled_
 
 @pytest.mark.parametrize("connector", ["python", "spark"])
 def test_read_kafka_range_reads_exactly_the_given_ranges(source_spark, broker, filled_topic, connector):
-    if connector == "spark" and not jvm_class_loads(source_spark, SPARK_KAFKA_CLASS):
-        pytest.skip("Spark's kafka connector (spark-sql-kafka jars) is not on the classpath here")
+    if connector == "spark":
+        require_jars(source_spark, SPARK_KAFKA_CLASS)
     frame = read_kafka_range(source_spark, connector, broker.bootstrap_servers, {"client.id": "herald-test"},
                              filled_topic, {0: 3, 1: 5, 2: 8}, {0: 6, 1: 5, 2: 10})
     assert [(row["partition"], row["offset"]) for row in rows_of(frame)] == [(0, 3), (0, 4), (0, 5), (2, 8), (2, 9)]
