@@ -1,19 +1,19 @@
 """One topic that fails never stops the others: its query is started again alone, with backoff (issue: nothing
-lost, nothing stuck). Real broker (a topic deleted, a broker restarted), real Spark, real HTTP subscribers."""
+lost, nothing stuck). Real broker (a topic deleted, a broker restarted: noida-db and Herald's Python source here,
+Apache Kafka with Spark's source in test_real_broker.py), real Spark, real HTTP subscribers."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient
 
 from herald.broker import EmbeddedBroker
 from herald.config import load_config
 from herald.engine.runner import Runner
 from tests.conftest import free_port
-from tests.support.herald_env import produce, wait_until, write_topics_conf
-from tests.support.running import RunningHerald
+from tests.support.broker_scenarios import broker_restart_loses_nothing, deleted_topic_is_retried_alone
+from tests.support.herald_env import produce, write_topics_conf
 from tests.support.subscriber import ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -46,56 +46,21 @@ def test_once_finishes_every_topic_it_can_and_names_the_one_it_could_not(broker,
 
 
 def test_a_topic_deleted_while_running_is_retried_alone_and_the_others_go_on(broker, spark, tmp_path):
-    """Its query fails and is started again with backoff (failing while the topic is gone) while the other topic
-    is delivered; once the topic is back, its query runs again from its checkpoint."""
-    stamp = time.time_ns() % 10**8
-    doomed, other = f"fail.doomed_{stamp}", f"fail.other_{stamp}"
-    broker.create_topics({doomed: 1, other: 1})
-    with ScriptedSubscriber() as sub:
-        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {
-            doomed: {"s": {"endpoint": f"{sub.url}/doomed"}}, other: {"s": {"endpoint": f"{sub.url}/other"}}})
-        produce(broker.bootstrap_servers, doomed, [{"i": 0}])
-        produce(broker.bootstrap_servers, other, [{"i": 0}])
-        with RunningHerald(conf, spark) as running:
-            assert wait_until(lambda: _numbers(sub, "/doomed") == [0] and _numbers(sub, "/other") == [0], 60)
-            admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-            for future in admin.delete_topics([doomed]).values():
-                future.result()
-            supervisor = running.runner.supervisor
-            assert wait_until(lambda: supervisor.failing(doomed) is not None
-                              and supervisor.failing(doomed).failures >= 2, 90), \
-                "the failed query is noticed and started again (and fails again: its topic is gone)"
-            assert "do not exist" in supervisor.failing(doomed).error
-            produce(broker.bootstrap_servers, other, [{"i": i} for i in range(1, 6)])
-            assert wait_until(lambda: _numbers(sub, "/other") == list(range(6)), 60), "the other topic goes on"
-            broker.create_topics({doomed: 1})
-            # the new topic's offsets start at 0 again; the query goes on from its checkpoint (offset 1)
-            produce(broker.bootstrap_servers, doomed, [{"i": i} for i in range(10, 16)])
-            assert wait_until(lambda: _numbers(sub, "/doomed") == [0, 11, 12, 13, 14, 15], 90), \
-                _numbers(sub, "/doomed")
-            assert supervisor.failing(doomed) is None
-        assert running.exit_code == 0, "every topic runs at the end"
+    deleted_topic_is_retried_alone(broker, spark, tmp_path, connector="python")
 
 
 def test_a_broker_restart_loses_nothing(spark, topic_name, tmp_path):
-    """The broker goes down while the job runs and comes back: every message is delivered, once each."""
+    """The broker goes down while the job runs and comes back: every message is delivered (a broker of its own:
+    the session's serves the other tests)."""
     broker = EmbeddedBroker(tmp_path / "broker", port=free_port())
     broker.up()
+
+    def restart() -> None:
+        broker.down()
+        time.sleep(4)
+        broker.up()
+
     try:
-        broker.create_topics({topic_name: 2})
-        with ScriptedSubscriber() as sub:
-            conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: {"s": {"endpoint": sub.url}}},
-                                     settings={"kafka": {"properties": {}}})
-            produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10)])
-            with RunningHerald(conf, spark) as running:
-                assert wait_until(lambda: len(sub.requests) >= 10, 60)
-                broker.down()
-                time.sleep(4)
-                broker.up()
-                produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10, 20)])
-                assert wait_until(lambda: _numbers(sub, "/") == list(range(20)), 120), _numbers(sub, "/")
-                assert wait_until(lambda: not running.runner.supervisor.not_running(), 60)
-        received = [r.json()["i"] for r in sub.requests]
-        assert sorted(set(received)) == list(range(20))
+        broker_restart_loses_nothing(broker, restart, spark, topic_name, tmp_path, connector="python")
     finally:
         broker.down()
