@@ -9,9 +9,10 @@ files (`spark.jars`) to a session it builds itself, so that `kafka.connector: au
 pick them. `HERALD_JARS=off` leaves them out (the Python Kafka source and delta-rs then run, as where no jar can
 be had).
 
-Not yet fetched by `make install`: on the machines measured, a delta-spark commit of one round's slice takes
-seconds (replaceWhere), against milliseconds with delta-rs, so the tests and the demo stay on the fallback stack
-until a round's writes cost less on delta-spark.
+`make install` fetches them. On the machines measured a delta-spark commit of one round's slice takes seconds
+(replaceWhere), against milliseconds with delta-rs, so the tests name their stack (`tests/support/herald_env.py`)
+and `herald demo` writes delta-rs tables where herald.yaml leaves the engine to `auto`. Only a JVM Herald
+launches gets them: under spark-submit, `--packages` decides (`herald.session`).
 """
 
 from __future__ import annotations

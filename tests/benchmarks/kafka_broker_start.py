@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from confluent_kafka import Producer
 
-from tests.support.kafka_broker import KafkaBroker
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.kafka_broker import KafkaBroker  # noqa: E402
 
 
 def one_run(root: Path) -> dict[str, float]:
