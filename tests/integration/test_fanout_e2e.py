@@ -214,3 +214,35 @@ def test_live_configuration_add_edit_suspend_activate_and_an_invalid_edit(broker
             assert wait_until(lambda: ids("/early") == list(range(17)) and 16 in ids("/late"), timeout_s=60)
             time.sleep(1.0)
             assert 15 not in ids("/late"), "the edited filter applies"
+
+
+def test_a_subscription_sitting_a_micro_batch_out_leaves_the_others_their_own_messages(broker, spark, topic_name,
+                                                                                       tmp_path):
+    """The first subscription of the topic falls behind (inflight 1, its first message held by a retry due in ten
+    minutes) and catches up alone; the micro-batches after that are delivered to the other two only. Each of them
+    gets exactly the messages its filter passes, at its own endpoint: a row's target must name its own lane
+    whatever the place of the subscriptions sitting the round out."""
+    broker.create_topics({topic_name: 1})
+
+    with ScriptedSubscriber(lambda r: Reply(status=503 if r.path == "/a_held" else 200)) as sub:
+        layout = {name: {"endpoint": f"{sub.url}/{name}",
+                         "filters": [{"type": "jsonpath", "path": "$.to", "matcher": name}]}
+                  for name in ("a_held", "b", "c")}
+        layout["a_held"]["subscriptionPolicy"] = {"inflightSize": 1, "messageBackoff": 600000}
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {topic_name: layout})
+        first = [{"i": i, "to": ("a_held", "b", "c")[i % 3]} for i in range(6)]
+        later = [{"i": i, "to": ("a_held", "b", "c")[i % 3]} for i in range(6, 36)]
+        with RunningHerald(conf, spark) as running:
+            produce(broker.bootstrap_servers, topic_name, first)
+            assert wait_until(lambda: len(by_path(sub).get("/c", [])) == 2, 90), "the first micro-batch"
+            pipeline = next(iter(running.runner.pipelines.values()))
+            assert wait_until(lambda: pipeline.states[f"{topic_name}.a_held"].catching_up, 30), \
+                "held at its retry, the first subscription sits the next micro-batches out"
+            produce(broker.bootstrap_servers, topic_name, later)
+            expected = {name: sorted(d["i"] for d in first + later if d["to"] == name) for name in ("b", "c")}
+            assert wait_until(lambda: all(sorted(r.json()["i"] for r in by_path(sub).get(f"/{name}", []))
+                                          == expected[name] for name in ("b", "c")), 90), by_path(sub).keys()
+    received = by_path(sub)
+    for name in ("a_held", "b", "c"):
+        assert all(r.json()["to"] == name for r in received.get(f"/{name}", [])), f"another's message at /{name}"
+    assert [r.json()["i"] for r in received["/a_held"]] == [0], "only its first message, held at its retry"
