@@ -23,7 +23,8 @@ from herald.delivery.policy import RetryPolicy
 log = logging.getLogger(__name__)
 
 # seeds/002: INITIAL_BACKOFF 1 s, MULTIPLIER 1.6, JITTER 0.2, MAX_BACKOFF 120 s
-PUBLISH_BACKOFF = RetryPolicy(backoff_s=1.0, backoff_multiplier=1.6, backoff_jitter=0.2, max_backoff_s=120.0)
+PUBLISH_BACKOFF = RetryPolicy(message_ttl_s=3600.0, backoff_s=1.0, backoff_multiplier=1.6, max_backoff_s=120.0,
+                              backoff_jitter=0.2, max_attempts=0, retry_client_errors=False)
 
 
 @dataclass

@@ -29,12 +29,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serial_throughput import start_sink  # noqa: E402 - the benchmarks share their nginx sink
 
-from herald.delivery.flow import FlowSettings  # noqa: E402
 from herald.delivery.input import InputBatch  # noqa: E402
 from herald.delivery.message import Record, message_id  # noqa: E402
-from herald.delivery.plan import LanePlan, TaskPlan  # noqa: E402
-from herald.delivery.policy import RetryPolicy  # noqa: E402
+from herald.delivery.plan import TaskPlan  # noqa: E402
 from herald.delivery.sender import TaskSender  # noqa: E402
+from tests.support.delivery import retry_policy, lane_plan
 
 BODY = json.dumps({"type": "order.created", "note": "x" * 170}).encode()
 
@@ -69,9 +68,8 @@ def requests_baseline(url: str, n: int) -> int:
 
 
 def herald(url: str, n: int, inflight: int, transport: str) -> int:
-    lane = LanePlan(subscription_id="bench.s", url=url, header_lines=("Content-Type: application/json",),
-                    retry=RetryPolicy(message_ttl_s=60, backoff_s=0.1), inflight=inflight, rate_per_s=1e6,
-                    flow_settings=FlowSettings())
+    lane = lane_plan(url, subscription_id="bench.s", retry=retry_policy(message_ttl_s=60, backoff_s=0.1),
+                     inflight=inflight, rate_per_s=1e6)
     plan = TaskPlan(topic="bench", lanes={0: lane}, budget_s=600,
                     transport=transport, max_open=inflight)
     batches = records(n)

@@ -19,9 +19,10 @@ from herald.delivery.headers import static_headers
 from herald.delivery.input import InputBatch
 from herald.delivery.message import Record, message_id
 from herald.delivery.plan import LanePlan, TaskPlan
-from herald.delivery.policy import EndedBy, RetryPolicy
+from herald.delivery.policy import EndedBy
 from herald.delivery.sender import TaskSender
 from herald.delivery.transport import open_transport
+from tests.support.delivery import retry_policy, lane_plan
 from tests.support.subscriber import Reply, ScriptedSubscriber
 
 _offsets = itertools.count()
@@ -39,13 +40,13 @@ def record(document: dict, message: str | None = None) -> Record:
 
 
 def plan_for(url: str, **overrides) -> LanePlan:
-    retry = overrides.pop("retry", RetryPolicy(message_ttl_s=5, backoff_s=0.05))
+    retry = overrides.pop("retry", retry_policy(message_ttl_s=5, backoff_s=0.05))
     headers = overrides.pop("headers", static_headers("application/json", "g.t", "s", False))
-    values = dict(subscription_id="g.t.s", url=url, header_lines=tuple(f"{k}: {v}" for k, v in headers.items()),
+    values = dict(header_lines=tuple(f"{k}: {v}" for k, v in headers.items()),
                   retry=retry, inflight=4, rate_per_s=1000.0, request_timeout_s=1.0,
                   flow_settings=FlowSettings(adjust_interval_s=30))
     values.update(overrides)
-    return LanePlan(**values)
+    return lane_plan(url, **values)
 
 
 def deliver(kind: str, plan: LanePlan, records: list[Record]):
@@ -82,7 +83,7 @@ CLASSIFICATION_ROWS = [
 def test_classification_rows_over_http(transport_kind, retry_client_errors):
     rows = [row for row in CLASSIFICATION_ROWS if row[2] == retry_client_errors]
     with ScriptedSubscriber() as sub:
-        retry = RetryPolicy(message_ttl_s=10, backoff_s=0.05, retry_client_errors=retry_client_errors)
+        retry = retry_policy(message_ttl_s=10, backoff_s=0.05, retry_client_errors=retry_client_errors)
         records = [record({"i": name, "replies": replies}) for name, replies, *_ in rows]
         report = deliver(transport_kind, plan_for(sub.url, retry=retry), records)
     seen = attempts_by_message(sub)
@@ -115,7 +116,7 @@ def test_retry_after_as_http_date(transport_kind):
 
 def test_constant_backoff_gaps(transport_kind):
     with ScriptedSubscriber() as sub:
-        deliver(transport_kind, plan_for(sub.url, retry=RetryPolicy(message_ttl_s=10, backoff_s=0.2)),
+        deliver(transport_kind, plan_for(sub.url, retry=retry_policy(message_ttl_s=10, backoff_s=0.2)),
                 [record({"i": 1, "replies": [[500], [500], [500], [200]]})])
     times = [request.at for request in attempts_by_message(sub)[1]]
     gaps = [b - a for a, b in zip(times, times[1:])]
@@ -123,7 +124,7 @@ def test_constant_backoff_gaps(transport_kind):
 
 
 def test_exponential_backoff_gaps_grow_and_are_capped(transport_kind):
-    retry = RetryPolicy(message_ttl_s=10, backoff_s=0.1, backoff_multiplier=3, max_backoff_s=0.5)
+    retry = retry_policy(message_ttl_s=10, backoff_s=0.1, backoff_multiplier=3, max_backoff_s=0.5)
     with ScriptedSubscriber() as sub:
         deliver(transport_kind, plan_for(sub.url, retry=retry), [record({"i": 1, "replies": [[500]] * 4 + [[200]]})])
     times = [request.at for request in attempts_by_message(sub)[1]]
@@ -134,7 +135,7 @@ def test_exponential_backoff_gaps_grow_and_are_capped(transport_kind):
 
 
 def test_ttl_discards_with_the_last_reason(transport_kind):
-    retry = RetryPolicy(message_ttl_s=0.6, backoff_s=0.1)
+    retry = retry_policy(message_ttl_s=0.6, backoff_s=0.1)
     with ScriptedSubscriber() as sub:
         report = deliver(transport_kind, plan_for(sub.url, retry=retry), [record({"i": 1, "replies": [[503]]})])
     assert report.counters.delivered == 0 and len(report.discarded) == 1
@@ -147,7 +148,7 @@ def test_ttl_discards_with_the_last_reason(transport_kind):
 
 def test_max_attempts_discards(transport_kind):
     with ScriptedSubscriber() as sub:
-        report = deliver(transport_kind, plan_for(sub.url, retry=RetryPolicy(message_ttl_s=10, backoff_s=0.01, max_attempts=3)),
+        report = deliver(transport_kind, plan_for(sub.url, retry=retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=3)),
                          [record({"i": 1, "replies": [[500]]})])
     assert len(sub.requests) == 3 and report.discarded[0].ended_by == EndedBy.MAX_ATTEMPTS
 
@@ -164,7 +165,7 @@ def test_request_timeout_is_a_total_even_while_bytes_keep_coming(transport_kind)
     with ScriptedSubscriber() as sub:
         started = time.monotonic()
         report = deliver(transport_kind, plan_for(sub.url, request_timeout_s=0.5, socket_timeout_s=2.0,
-                                  retry=RetryPolicy(message_ttl_s=10, backoff_s=0.01, max_attempts=1)),
+                                  retry=retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=1)),
                          [record({"i": 1, "replies": [{"trickle_ms": 100, "body": body}]})])
         gave_up_after_s = time.monotonic() - started
     assert report.counters.timeouts == 1 and report.counters.discarded == 1
@@ -174,7 +175,7 @@ def test_request_timeout_is_a_total_even_while_bytes_keep_coming(transport_kind)
 def test_socket_timeout_is_an_idle_limit(transport_kind):
     with ScriptedSubscriber() as sub:
         report = deliver(transport_kind, plan_for(sub.url, request_timeout_s=8.0, socket_timeout_s=1.0,
-                                                  retry=RetryPolicy(message_ttl_s=10, backoff_s=0.01, max_attempts=1)),
+                                                  retry=retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=1)),
                          [record({"i": 1, "replies": [{"stall_body_ms": 4000}]})])
     assert report.counters.timeouts == 1
     assert "idle" in report.discarded[0].reason
@@ -183,7 +184,7 @@ def test_socket_timeout_is_an_idle_limit(transport_kind):
 def test_connection_refused_is_an_other_error(transport_kind):
     with ScriptedSubscriber() as sub:
         dead_url = sub.url
-    report = deliver(transport_kind, plan_for(dead_url, retry=RetryPolicy(message_ttl_s=10, backoff_s=0.01, max_attempts=2)),
+    report = deliver(transport_kind, plan_for(dead_url, retry=retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=2)),
                      [record({"i": 1})])
     assert report.counters.other_errors == 2 and "Connection error" in report.discarded[0].reason
 
@@ -247,7 +248,7 @@ def test_a_failing_subscriber_is_slowed_to_heartbeat_probes(transport_kind):
     settings = FlowSettings(adjust_interval_s=0.2, slow_rate_per_s=5.0, heartbeat_interval_s=0.5)
     with ScriptedSubscriber(lambda request: Reply(status=500)) as sub:
         report = deliver(transport_kind, plan_for(sub.url, inflight=8, flow_settings=settings,
-                                  retry=RetryPolicy(message_ttl_s=3, backoff_s=0.01)),
+                                  retry=retry_policy(message_ttl_s=3, backoff_s=0.01)),
                          [record({"i": n}) for n in range(8)])
     assert report.flow_state.mode.value == "HEARTBEAT"
     times = sorted(request.at for request in sub.requests)

@@ -18,12 +18,14 @@ from herald.delivery.flow import FlowSettings
 from herald.delivery.input import InputBatch
 from herald.delivery.message import Record, message_id
 from herald.delivery.plan import LanePlan, TaskPlan
-from herald.delivery.policy import EndedBy, RetryPolicy
+from herald.delivery.policy import EndedBy
 from herald.delivery.sender import TaskSender
 from herald.delivery.tls import TlsSettings
 from herald.delivery.transport import HttpRequest, open_transport
 from herald.engine.planner import lane_plan
 from herald.engine.state import SubscriptionState
+from tests.support.delivery import lane_plan as default_lane_plan
+from tests.support.delivery import retry_policy
 from tests.support.subscriber import ScriptedSubscriber
 from tests.support.tls_certs import TestPki
 
@@ -59,11 +61,10 @@ def record(document: dict) -> Record:
 
 
 def plan_for(url: str, tls: TlsSettings | None, **overrides) -> LanePlan:
-    values = dict(subscription_id="g.t.s", url=url, header_lines=("Content-Type: application/json",),
-                  retry=RetryPolicy(message_ttl_s=5, backoff_s=0.05), inflight=4, rate_per_s=1000.0,
+    values = dict(retry=retry_policy(message_ttl_s=5, backoff_s=0.05), inflight=4, rate_per_s=1000.0,
                   request_timeout_s=2.0, flow_settings=FlowSettings(adjust_interval_s=30), tls=tls)
     values.update(overrides)
-    return LanePlan(**values)
+    return default_lane_plan(url, **values)
 
 
 def deliver(kind: str, lanes: dict[int, LanePlan], records: list[Record], max_open: int = 64):
@@ -96,7 +97,7 @@ def test_localhost_is_verified_by_its_name_too(transport_kind, pki):
 def test_an_untrusted_certificate_is_retried_then_undelivered_with_a_tls_reason(transport_kind, pki, trusted):
     tls = None if trusted == "default CAs" else TlsSettings(ca_bundle=str(pki.other_ca))
     with ScriptedSubscriber(tls=pki.server_context()) as sub:
-        lanes = deliver(transport_kind, {0: plan_for(sub.url, tls, retry=RetryPolicy(message_ttl_s=0.6,
+        lanes = deliver(transport_kind, {0: plan_for(sub.url, tls, retry=retry_policy(message_ttl_s=0.6,
                                                                                      backoff_s=0.1))},
                         [record({"i": 1})])
     assert sub.requests == [], "nothing reached a server whose certificate did not verify"
@@ -108,7 +109,7 @@ def test_an_untrusted_certificate_is_retried_then_undelivered_with_a_tls_reason(
 
 def test_another_hosts_certificate_is_refused(transport_kind, pki):
     with ScriptedSubscriber(tls=pki.server_context(wrong_host=True)) as sub:
-        lanes = deliver(transport_kind, {0: plan_for(sub.url, trusting(pki), retry=RetryPolicy(
+        lanes = deliver(transport_kind, {0: plan_for(sub.url, trusting(pki), retry=retry_policy(
             message_ttl_s=10, backoff_s=0.01, max_attempts=2))}, [record({"i": 1})])
     assert sub.requests == []
     (item,) = lanes[0].discarded
@@ -117,7 +118,7 @@ def test_another_hosts_certificate_is_refused(transport_kind, pki):
 
 
 def test_mutual_tls_delivers_with_the_client_certificate_only(transport_kind, pki):
-    retry = RetryPolicy(message_ttl_s=10, backoff_s=0.01, max_attempts=2)
+    retry = retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=2)
     with ScriptedSubscriber(tls=pki.server_context(require_client_cert=True)) as sub:
         lanes = deliver(transport_kind, {0: plan_for(sub.url + "/with", trusting(pki, client=True), retry=retry),
                                          1: plan_for(sub.url + "/without", trusting(pki), retry=retry)},
@@ -159,7 +160,7 @@ def test_a_wrong_passphrase_is_a_tls_failure(transport_kind, pki):
     tls = TlsSettings(ca_bundle=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key),
                       client_key_password="not it")
     with ScriptedSubscriber(tls=pki.server_context(require_client_cert=True)) as sub:
-        lanes = deliver(transport_kind, {0: plan_for(sub.url, tls, retry=RetryPolicy(
+        lanes = deliver(transport_kind, {0: plan_for(sub.url, tls, retry=retry_policy(
             message_ttl_s=10, backoff_s=0.01, max_attempts=1))}, [record({"i": 1})])
     (item,) = lanes[0].discarded
     assert item.reason.startswith("TLS: ") and "not it" not in item.reason
@@ -197,7 +198,7 @@ def test_the_passphrase_is_never_logged_nor_shown(transport_kind, pki, tmp_path,
         subscription = config.subscription("g.t.inherits")
         plan = lane_plan(SubscriptionState(subscription), FlowSettings(), parked=0)
         wrong = plan_for(sub.url, TlsSettings(str(pki.ca), str(pki.client_cert), str(pki.client_key), PASSPHRASE + "!"),
-                         retry=RetryPolicy(message_ttl_s=10, backoff_s=0.01, max_attempts=1))
+                         retry=retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=1))
         lanes = deliver(transport_kind, {0: plan, 1: wrong}, [record({"i": 1})])
         logging.getLogger("herald").info("plan %s %r, subscription %s %r, settings %r", plan, plan, subscription,
                                          subscription, config.settings)

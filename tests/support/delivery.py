@@ -3,11 +3,14 @@ TaskSender run on a fake clock and a fake transport."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
+import yaml
 
-from herald.delivery.flow import FlowSettings
+from herald.config import Subscription
+from herald.delivery.flow import FlowSettings, FlowState
 from herald.delivery.input import InputBatch
 from herald.delivery.message import Record, message_id
 from herald.delivery.plan import LanePlan, TaskPlan
@@ -16,9 +19,32 @@ from herald.delivery.report import TaskReport
 from herald.delivery.sender import TaskSender
 from herald.delivery.transport import HttpAnswer
 from tests.support.clock import FakeClock
+from tests.support.config_files import SUBSCRIPTION
 from tests.support.fake_transport import FakeTransport
 
 TOPIC = "g.t"
+
+# A subscription with every setting at the configuration model's default: the model is the one place with
+# defaults, and the tests' plans start from it.
+MODEL_DEFAULTS = Subscription.model_validate(yaml.safe_load(SUBSCRIPTION)).delivery_spec
+
+
+def retry_policy(**overrides) -> RetryPolicy:
+    """The model's default retry policy with `overrides` (seconds)."""
+    return dataclasses.replace(MODEL_DEFAULTS.retry, **overrides)
+
+
+def lane_plan(url: str, **overrides) -> LanePlan:
+    """A lane plan for one endpoint, every field from the model's defaults unless overridden."""
+    spec = MODEL_DEFAULTS
+    values = dict(subscription_id="g.t.s", url=url, header_lines=("Content-Type: application/json",),
+                  retry=spec.retry, inflight=spec.inflight, rate_per_s=spec.rate_per_s,
+                  request_timeout_s=spec.request_timeout_s, socket_timeout_s=spec.socket_timeout_s,
+                  sending_delay_s=spec.sending_delay_s, flow_settings=FlowSettings(), flow_state=FlowState(),
+                  avro=False, ordered=False, starts={}, resume={}, positional=True, tracking="off", signing_keys=(),
+                  targets=(), broadcast=False, oauth=None, batch=None, version="", tls=None)
+    values.update(overrides)
+    return LanePlan(**values)
 
 
 def record(partition: int, offset: int, body: dict | None = None, **fields) -> Record:
@@ -39,11 +65,10 @@ def batch(rows: list[tuple[Record, tuple[int, ...]]], extra_offsets: dict[int, l
 
 
 def lane(url: str = "http://sub/a", **overrides) -> LanePlan:
-    values = dict(subscription_id="g.t.s", url=url, header_lines=("Content-Type: application/json",),
-                  retry=RetryPolicy(message_ttl_s=60, backoff_s=0.1), inflight=10, rate_per_s=10_000.0,
+    values = dict(retry=retry_policy(message_ttl_s=60, backoff_s=0.1), inflight=10, rate_per_s=10_000.0,
                   flow_settings=FlowSettings(adjust_interval_s=30))
     values.update(overrides)
-    return LanePlan(**values)
+    return lane_plan(url, **values)
 
 
 def run(lanes: dict[int, LanePlan], batches: list[InputBatch], respond, clock: FakeClock | None = None,

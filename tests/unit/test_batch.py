@@ -9,11 +9,11 @@ import json
 from herald.delivery.batcher import batch_id
 from herald.delivery.message import Record, RetryState, message_id
 from herald.delivery.outcome import FailureKind, TransportFailure
-from herald.delivery.policy import EndedBy, RetryPolicy
+from herald.delivery.policy import EndedBy
 from herald.delivery.spec import BatchSpec
 from herald.delivery.transport import HttpAnswer
 from tests.support.fake_transport import FakeClock, ok
-from tests.support.delivery import TOPIC, batch, lane, lane_report, record, run
+from tests.support.delivery import TOPIC, batch, lane, lane_report, record, retry_policy, run
 
 SUBSCRIPTION = "g.t.s"
 
@@ -68,7 +68,7 @@ def test_a_retried_batch_keeps_its_id_counts_its_retries_and_honours_retry_after
     def respond(request, attempt):
         return ([HttpAnswer(500), HttpAnswer(503, retry_after="2"), HttpAnswer(200)][min(attempt, 2)], 0.01)
 
-    report, transport, _ = run({0: batch_lane(size=5, retry=RetryPolicy(message_ttl_s=60, backoff_s=0.1))},
+    report, transport, _ = run({0: batch_lane(size=5, retry=retry_policy(message_ttl_s=60, backoff_s=0.1))},
                                [batch(rows(0, range(5)))], respond, park_after_s=10)
     assert [s.header("Hermes-Batch-Id") for s in transport.sent] == [batch_id(SUBSCRIPTION, 0, 0, 4)] * 3
     assert [s.header("Hermes-Retry-Count") for s in transport.sent] == ["0", "1", "2"]
@@ -139,7 +139,7 @@ def test_an_open_batch_is_carried_to_the_next_round_and_closes_when_its_time_fro
 def test_a_batch_in_retry_at_the_deadline_is_carried_closed_and_resumed_with_the_same_id_and_count():
     clock = FakeClock()
     failing = lambda request, attempt: (HttpAnswer(500), 0.01)  # noqa: E731
-    plan = batch_lane(size=3, retry=RetryPolicy(message_ttl_s=600, backoff_s=1.0), inflight=1)
+    plan = batch_lane(size=3, retry=retry_policy(message_ttl_s=600, backoff_s=1.0), inflight=1)
     report, transport, _ = run({0: plan}, [batch(rows(0, range(5)))], failing, clock=clock, deadline_s=2.5,
                                park_after_s=60)
     assert [sent_offsets(s) for s in transport.sent] == [[0, 1, 2]] * 3
@@ -160,7 +160,7 @@ def test_a_batch_whose_ttl_ends_is_discarded_with_the_last_reason():
     def respond(request, attempt):
         return TransportFailure(FailureKind.TIMEOUT, "timed out"), 0.2
 
-    report, transport, _ = run({0: batch_lane(size=2, retry=RetryPolicy(message_ttl_s=1, backoff_s=0.3))},
+    report, transport, _ = run({0: batch_lane(size=2, retry=retry_policy(message_ttl_s=1, backoff_s=0.3))},
                                [batch(rows(0, range(2)))], respond, flush_batches=True, park_after_s=10)
     discarded = lane_report(report).discarded
     assert [d.offset for d in discarded] == [0, 1] and {d.ended_by for d in discarded} == {EndedBy.TTL}

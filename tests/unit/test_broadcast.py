@@ -9,11 +9,10 @@ import json
 import pyarrow as pa
 
 from herald.delivery.plan import Target
-from herald.delivery.policy import RetryPolicy
 from herald.delivery.report import TaskReport
 from herald.delivery.transport import HttpAnswer
 from tests.support.fake_transport import FakeClock
-from tests.support.delivery import batch, lane, lane_report, record, run
+from tests.support.delivery import batch, lane, lane_report, record, retry_policy, run
 
 A, B = Target("http://a/", shown="http://a/"), Target("http://b/", shown="http://u:*****@b/")
 
@@ -73,7 +72,7 @@ def test_retry_after_on_one_endpoint_does_not_hold_the_other():
 
 def test_unfinished_endpoints_are_parked_with_their_progress_and_continue_there_only():
     clock = FakeClock()
-    retry = RetryPolicy(message_ttl_s=600, backoff_s=2.0)
+    retry = retry_policy(message_ttl_s=600, backoff_s=2.0)
     report, _, _ = run({0: lane(targets=(A, B), broadcast=True, retry=retry, inflight=4)},
                        [batch([(record(0, 0), (0,))])], per_url({"http://b/": [500, 500, 200]}), clock=clock,
                        park_after_s=0.5)

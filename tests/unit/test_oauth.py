@@ -10,11 +10,10 @@ import pytest
 
 from herald.config import ConfigError, load_config
 from herald.delivery.oauth import TokenCache, TokenError, TokenSource, Wait
-from herald.delivery.policy import RetryPolicy
 from herald.delivery.transport import HttpAnswer
 from tests.support.fake_transport import FakeClock
 from tests.support.config_files import SETTINGS, SUBSCRIPTION, write_conf
-from tests.support.delivery import batch, lane, lane_report, record, run
+from tests.support.delivery import batch, lane, lane_report, record, retry_policy, run
 
 SOURCE = TokenSource(provider="p", token_endpoint="http://127.0.0.1:9/token", client_id="herald",
                      client_secret="s3cret-client", grant_type="clientCredentials", initial_delay_s=1.0,
@@ -88,7 +87,7 @@ def test_a_401_gets_a_new_token_and_is_retried_whatever_retry_client_errors_says
         headers = dict(line.split(": ", 1) for line in request.header_lines)
         return HttpAnswer(200 if headers["Authorization"] == "Bearer token-2" else 401), 0.01
 
-    plan = lane(oauth=SOURCE, retry=RetryPolicy(message_ttl_s=60, backoff_s=0.1, retry_client_errors=False))
+    plan = lane(oauth=SOURCE, retry=retry_policy(message_ttl_s=60, backoff_s=0.1, retry_client_errors=False))
     report, transport, _ = run({0: plan}, [batch([(record(0, 0), (0,))])], respond, clock=clock, tokens=tokens,
                                park_after_s=10)
     assert [bearer(s) for s in transport.sent] == ["Bearer token-1", "Bearer token-2"]
@@ -101,7 +100,7 @@ def test_a_failing_token_endpoint_is_a_retryable_failure_that_ends_in_undelivere
     clock = FakeClock()
     issuer = Issuer()
     issuer.clock, issuer.down = clock, True
-    plan = lane(oauth=SOURCE, retry=RetryPolicy(message_ttl_s=3, backoff_s=0.5))
+    plan = lane(oauth=SOURCE, retry=retry_policy(message_ttl_s=3, backoff_s=0.5))
     report, transport, _ = run({0: plan}, [batch([(record(0, 0), (0,))])], lambda r, a: (HttpAnswer(200), 0.01),
                                clock=clock, tokens=TokenCache(issuer), park_after_s=10)
     assert transport.sent == [], "nothing reaches the subscriber without a token"

@@ -13,11 +13,11 @@ import pytest
 from herald.delivery.flow import FlowMode, FlowSettings, FlowState
 from herald.delivery.message import RetryState, message_id
 from herald.delivery.outcome import FailureKind, TransportFailure
-from herald.delivery.policy import EndedBy, RetryPolicy
+from herald.delivery.policy import EndedBy
 from herald.delivery.report import TaskReport
 from herald.delivery.transport import HttpAnswer
 from tests.support.clock import FakeClock
-from tests.support.delivery import TOPIC, batch, by_url, lane, lane_report, record, run, scripted
+from tests.support.delivery import TOPIC, batch, by_url, lane, lane_report, record, retry_policy, run, scripted
 from tests.support.fake_transport import ok
 
 # -- delivery and fan-out ---------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def test_a_record_that_could_not_be_decoded_is_discarded_unsent_for_every_lane()
 # -- retries, TTL, attempts ------------------------------------------------------------------------------------
 def test_backoff_grows_by_the_multiplier_and_retry_count_counts():
     respond = scripted({("http://sub/a", 0): [500, 500, 500, 200]})
-    retry = RetryPolicy(message_ttl_s=60, backoff_s=0.1, backoff_multiplier=2)
+    retry = retry_policy(message_ttl_s=60, backoff_s=0.1, backoff_multiplier=2)
     report, transport, _ = run({0: lane(retry=retry)}, [batch([(record(0, 0), (0,))])], respond)
     sent = transport.sent
     assert [s.header("Hermes-Retry-Count") for s in sent] == ["0", "1", "2", "3"]
@@ -76,7 +76,7 @@ def test_retry_after_replaces_the_backoff():
 
 def test_message_ttl_zero_means_exactly_one_attempt():
     respond = scripted({("http://sub/a", 0): [500, 200]})
-    report, transport, _ = run({0: lane(retry=RetryPolicy(message_ttl_s=0, backoff_s=0.1))},
+    report, transport, _ = run({0: lane(retry=retry_policy(message_ttl_s=0, backoff_s=0.1))},
                                [batch([(record(0, 0), (0,))])], respond)
     assert len(transport.sent) == 1
     (item,) = lane_report(report).discarded
@@ -86,7 +86,7 @@ def test_message_ttl_zero_means_exactly_one_attempt():
 
 def test_a_message_discarded_by_its_ttl_keeps_its_last_reason():
     respond = scripted({("http://sub/a", 0): [503, TransportFailure(FailureKind.TIMEOUT, "Timeout: x")]})
-    retry = RetryPolicy(message_ttl_s=1.0, backoff_s=0.3)
+    retry = retry_policy(message_ttl_s=1.0, backoff_s=0.3)
     report, transport, _ = run({0: lane(retry=retry)}, [batch([(record(0, 0), (0,))])], respond)
     (item,) = lane_report(report).discarded
     assert item.reason == "Timeout: x" and item.ended_by == EndedBy.TTL
@@ -95,7 +95,7 @@ def test_a_message_discarded_by_its_ttl_keeps_its_last_reason():
 
 def test_max_attempts_ends_a_message_with_its_last_reason():
     respond = scripted({("http://sub/a", 0): [500]})
-    report, transport, _ = run({0: lane(retry=RetryPolicy(message_ttl_s=60, backoff_s=0.01, max_attempts=3))},
+    report, transport, _ = run({0: lane(retry=retry_policy(message_ttl_s=60, backoff_s=0.01, max_attempts=3))},
                                [batch([(record(0, 0), (0,))])], respond)
     (item,) = lane_report(report).discarded
     assert len(transport.sent) == 3 and item.ended_by == EndedBy.MAX_ATTEMPTS
@@ -203,7 +203,7 @@ def test_a_carried_state_continues_its_attempts_and_ttl():
     state = RetryState(attempts=3, first_read_ms=first_read_ms, due_ms=clock.wall_ms() + 200, backoff_s=0.1,
                        last_status=500, last_reason="Message sending failed with status code:500")
     respond = scripted({("http://sub/a", 0): [500]})
-    retry = RetryPolicy(message_ttl_s=6.0, backoff_s=0.5)
+    retry = retry_policy(message_ttl_s=6.0, backoff_s=0.5)
     report, transport, _ = run({0: lane(retry=retry, resume={(0, 0): state})}, [batch([(record(0, 0), (0,))])],
                                respond, clock=clock)
     assert transport.sent[0].header("Hermes-Retry-Count") == "3"

@@ -14,12 +14,11 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from herald.config import ConfigError, load_config
-from herald.delivery.policy import RetryPolicy
 from herald.delivery.signing import signature, signature_lines, signing_key
 from herald.delivery.transport import HttpAnswer
 from tests.support.fake_transport import FakeClock
 from tests.support.config_files import SUBSCRIPTION, write_conf
-from tests.support.delivery import batch, lane, record, run
+from tests.support.delivery import batch, lane, record, retry_policy, run
 
 RAW = "a-raw-secret-of-32-bytes-long-ok"
 ENCODED = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -92,7 +91,7 @@ def test_every_attempt_is_signed_with_its_own_timestamp_and_the_same_id():
     def respond(request, attempt):
         return HttpAnswer(500 if attempt == 0 else 200), 0.01
 
-    plan = lane(signing_keys=(key,), retry=RetryPolicy(message_ttl_s=60, backoff_s=2.5))
+    plan = lane(signing_keys=(key,), retry=retry_policy(message_ttl_s=60, backoff_s=2.5))
     _, transport, _ = run({0: plan}, [batch([(record(0, 0), (0,))])], respond, clock=clock, park_after_s=10)
     stamps = []
     for sent in transport.sent:

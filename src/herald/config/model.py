@@ -575,6 +575,7 @@ class Subscription(Strict):
             return DeliverySpec(
                 retry=retry, rate_per_s=BATCH_RATE_PER_S, inflight=10_000,
                 request_timeout_s=policy.requestTimeout / 1000,
+                socket_timeout_s=0.0, sending_delay_s=0.0,  # Hermes' batch policy has neither
                 batch=BatchSpec(size=policy.batchSize, time_s=policy.batchTime / 1000,
                                 volume_bytes=policy.batchVolume))
         return DeliverySpec(
@@ -584,6 +585,7 @@ class Subscription(Strict):
             request_timeout_s=policy.requestTimeout / 1000,
             socket_timeout_s=policy.socketTimeout / 1000,
             sending_delay_s=policy.sendingDelay / 1000,
+            batch=None,
         )
 
     def retry_policy(self) -> RetryPolicy:

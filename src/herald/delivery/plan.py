@@ -33,7 +33,8 @@ class Target:
 
 @dataclass(frozen=True)
 class LanePlan:
-    """One subscription's share of a task.
+    """One subscription's share of a task. Every field is required: the planner (`herald.engine.planner`) fills
+    them from the configuration model, the one place with defaults.
 
     url: the endpoint without credentials, when `targets` is empty (the lines in `header_lines` then carry any
         Authorization); otherwise the first target's, for people.
@@ -72,24 +73,24 @@ class LanePlan:
     retry: RetryPolicy
     inflight: int
     rate_per_s: float
-    request_timeout_s: float = 1.0
-    socket_timeout_s: float = 0.0
-    sending_delay_s: float = 0.0
-    flow_settings: FlowSettings = field(default_factory=FlowSettings)
-    flow_state: FlowState = field(default_factory=FlowState)
-    avro: bool = False
-    ordered: bool = False
-    starts: dict[int, int] = field(default_factory=dict)
-    resume: dict[tuple[int, int], RetryState] = field(default_factory=dict, repr=False)
-    positional: bool = True
-    tracking: str = "off"
-    signing_keys: tuple[bytes, ...] = field(default=(), repr=False)  # HMAC keys: never printed
-    targets: tuple[Target, ...] = ()
-    broadcast: bool = False
-    oauth: TokenSource | None = None
-    batch: BatchSpec | None = None
-    version: str = ""
-    tls: TlsSettings | None = None
+    request_timeout_s: float
+    socket_timeout_s: float
+    sending_delay_s: float
+    flow_settings: FlowSettings
+    flow_state: FlowState
+    avro: bool
+    ordered: bool
+    starts: dict[int, int]
+    resume: dict[tuple[int, int], RetryState] = field(repr=False)
+    positional: bool
+    tracking: str
+    signing_keys: tuple[bytes, ...] = field(repr=False)  # HMAC keys: never printed
+    targets: tuple[Target, ...]
+    broadcast: bool
+    oauth: TokenSource | None
+    batch: BatchSpec | None
+    version: str
+    tls: TlsSettings | None
 
     @property
     def tracks_all(self) -> bool:

@@ -1,11 +1,13 @@
 """When to try a message again and when to give up: backoff, jitter, inflight TTL and max attempts.
 
-All durations are float seconds. The YAML's mixed units (messageTtl s, messageBackoff ms, ...) are converted
-once, where the config is loaded (`herald.config`), and nowhere else.
+All durations are float seconds. The YAML's mixed units (messageTtl s, messageBackoff ms, ...) are converted,
+and its defaults given, once, where the config is loaded (`herald.config.model`), and nowhere else: every field
+here is required.
 
 Example::
 
-    policy = RetryPolicy(message_ttl_s=60, backoff_s=0.1, backoff_multiplier=2, max_backoff_s=5)
+    policy = RetryPolicy(message_ttl_s=60, backoff_s=0.1, backoff_multiplier=2, max_backoff_s=5, backoff_jitter=0,
+                         max_attempts=0, retry_client_errors=False)
     step = policy.after_failure(outcome, attempts=1, first_read_at=0.0, previous_backoff_s=None, now=0.2)
     # Retry(due_at=0.3, backoff_s=0.1) or GiveUp(reason=...)
 """
@@ -56,13 +58,13 @@ class RetryPolicy:
     max_attempts: 0 means no limit.
     """
 
-    message_ttl_s: float = 3600.0
-    backoff_s: float = 0.1
-    backoff_multiplier: float = 1.0
-    max_backoff_s: float = 600.0
-    backoff_jitter: float = 0.0
-    max_attempts: int = 0
-    retry_client_errors: bool = False
+    message_ttl_s: float
+    backoff_s: float
+    backoff_multiplier: float
+    max_backoff_s: float
+    backoff_jitter: float
+    max_attempts: int
+    retry_client_errors: bool
 
     def next_backoff(self, previous_backoff_s: float | None) -> float:
         """The un-jittered delay: `backoff_s` first, then previous * multiplier, never above `max_backoff_s`."""

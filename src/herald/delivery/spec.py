@@ -18,9 +18,9 @@ class BatchSpec:
     next message would take its body (a JSON array) past `volume_bytes`, or `time_s` seconds after its first
     message was read. A message larger than `volume_bytes` on its own goes out alone."""
 
-    size: int = 100
-    time_s: float = 30.0
-    volume_bytes: int = 64_000
+    size: int
+    time_s: float
+    volume_bytes: int
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,12 @@ class DeliverySpec:
     """
 
     retry: RetryPolicy
-    rate_per_s: float = 400.0
-    inflight: int = 100
-    request_timeout_s: float = 1.0
-    socket_timeout_s: float = 0.0
-    sending_delay_s: float = 0.0
-    batch: BatchSpec | None = None
+    rate_per_s: float
+    inflight: int
+    request_timeout_s: float
+    socket_timeout_s: float
+    sending_delay_s: float
+    batch: BatchSpec | None
 
     @property
     def ordered(self) -> bool:
