@@ -86,6 +86,10 @@ class Serial:
                 return Refused(urls, EndedBy.TEMPLATE)
         resume = self.plan.resume
         state = resume.get((record.partition, record.offset)) if resume else None
+        if not self._choice.fans_out:  # the common case, kept short: one unit
+            self._begin(MessageUnit(record, now, now, urls), record, state, now, now_ms)
+            self.in_flight += 1
+            return True
         spread = self._choice.spread(state)
         group = Broadcast() if spread[0][0] is not None else None
         for index, unit_state in spread:

@@ -5,7 +5,8 @@
   progress, from a carried or parked `state` when it continues);
 - `pick(unit)`: the endpoint of the attempt about to start (an index into the lane's targets).
 
-`width` is the most units one message becomes: a lane's open-attempt limit is its concurrency times that.
+`width` is the most units one message becomes: a lane's open-attempt limit is its concurrency times that;
+`fans_out` says whether a message becomes one unit per endpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class OneEndpoint:
     """A single endpoint: every attempt goes there."""
 
     width = 1
+    fans_out = False
 
     def spread(self, state: RetryState | None) -> Spread:
         return [(None, state)]
@@ -46,6 +48,8 @@ class RoundRobin(OneEndpoint):
 class EveryEndpoint:
     """BROADCAST: one unit per endpoint the message has not reached yet (every endpoint, unless it continues
     with some reached), each attempted at its own endpoint."""
+
+    fans_out = True
 
     def __init__(self, count: int) -> None:
         self.width = count

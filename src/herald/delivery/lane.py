@@ -83,6 +83,7 @@ class Lane:
         # driver, from the discards, for discardedOnly too)
         self.choice = endpoint_choice(len(self._targets), plan.broadcast)
         self.assembly = assembly_for(plan, self._targets, self.choice, self, flush)
+        self._batched = self.assembly.tracks_reads  # batches close on time: dispatch looks at their times
 
     # -- what the assembly says -------------------------------------------------------------------------------
     def created(self, unit: Unit) -> None:
@@ -171,6 +172,8 @@ class Lane:
         when only an answer can unblock the lane; attempts started)."""
         if self.settling:
             return None, 0
+        if not self._batched:
+            return self._start_due(now, now_ms, room, start)
         self.assembly.close_due(now, now_ms)
         wake_at, started = self._start_due(now, now_ms, room, start)
         close_at = self.assembly.next_close()

@@ -50,10 +50,7 @@ class Unit:
         """The message it is carried or parked under (the first it covers)."""
         raise NotImplementedError
 
-    @property
-    def records(self) -> list[Record]:
-        """The messages it covers."""
-        raise NotImplementedError
+    records: tuple[Record, ...] | list[Record]  # the messages it covers
 
     def id_line(self) -> str:
         """Its id header line, which every attempt carries (signatures sign with that id too)."""
@@ -110,21 +107,18 @@ class Unit:
 class MessageUnit(Unit):
     """One message. `urls`: each endpoint's URL filled from the message (templated endpoints), or None."""
 
-    __slots__ = ("record", "urls")
+    __slots__ = ("record", "urls", "records")
 
     def __init__(self, record: Record, first_read_at: float, due_at: float,
                  urls: tuple[str, ...] | None = None) -> None:
         super().__init__(first_read_at, due_at)
         self.record = record
         self.urls = urls
+        self.records = (record,)
 
     @property
     def anchor(self) -> Record:
         return self.record
-
-    @property
-    def records(self) -> list[Record]:
-        return [self.record]
 
     @property
     def id(self) -> str:
