@@ -63,8 +63,9 @@ class RetryDriver:
         self._in_round = False
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
         self.live_state = live_state
-        """subscription id -> (its topic's lock, its running SubscriptionState), or None, so that a round starts from the subscription's flow state (one controller per subscription, as in Hermes:
-        a subscriber slowed to heartbeat probes gets probes here too) and hands a change of mode back."""
+        """subscription id -> (its topic's lock, its running SubscriptionState), or None, so that a round starts
+        from the subscription's flow state (one controller per subscription, as in Hermes: a subscriber slowed to
+        heartbeat probes gets probes here too) and hands a change of mode back."""
 
     # -- the registry -----------------------------------------------------------------------------------------
     def load(self, topics: dict[str, str]) -> None:
