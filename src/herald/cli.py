@@ -236,7 +236,8 @@ def cmd_retransmit(args) -> int:
     except KafkaOffsetsError as error:
         print(f"{args.id}: {error}", file=sys.stderr)
         return 1
-    partitions = [{"partition": p, "from": current.get(p), "to": offset} for p, offset in sorted(move.to_offsets.items())]
+    partitions = [{"partition": p, "from": current.get(p), "to": offset}
+                  for p, offset in sorted(move.to_offsets.items())]
     if args.json:
         print(json.dumps({"subscription": subscription.id, "topic": kafka_topic, "date": epoch_ms(date),
                           "dryRun": args.dry_run, "partitions": partitions}, indent=2))

@@ -13,6 +13,7 @@ without Spark:
 - `lane`: one subscription in a task, written once for every delivery shape; `unit`: what one attempt sends (a
   message, a batch, a BROADCAST member) and what its end means; `assembly`: rows into units (SERIAL, or BATCH
   over the pure `batcher`); `choice`: which endpoint an attempt goes to (one, ANYCAST round-robin,
-  BROADCAST); `sender`: the task's delivery loop over all the lanes; `input`: the task's rows as records, read ahead; `control`: the driver's word on which subscriptions
-  are still delivered; `report`: what the task says back.
+  BROADCAST); `sender`: the task's delivery loop over all the lanes; `input`: the task's rows as records, read
+  ahead; `control`: the driver's word on which subscriptions are still delivered; `report`: what the task says
+  back.
 """
