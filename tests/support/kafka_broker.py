@@ -123,7 +123,9 @@ class KafkaBroker:
         """Format the storage with a random cluster id (once: a restart keeps the data)."""
         if (self.data_dir / "logs" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: a leading '-' reads as an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         result = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
                                 capture_output=True, text=True, timeout=120, check=False)
         if result.returncode != 0:
