@@ -9,11 +9,12 @@ import types
 import pytest
 
 from herald.config import load_config
+from herald.delivery.flow import FlowSettings
 from herald.engine import round_steps as steps
 from herald.engine.fanout import Participant
+from herald.engine.priority import Priority
 from herald.engine.state import SubscriptionState
 from herald.engine.topic import TopicPipeline
-from herald.delivery.flow import FlowSettings
 from tests.support.config_files import SUBSCRIPTION, write_conf
 
 
@@ -30,7 +31,8 @@ class _NoParked:
 
 
 def _pipeline(config, catching_up: set[str]) -> TopicPipeline:
-    context = types.SimpleNamespace(config=config, flow_settings=FlowSettings(), oauth_providers={})
+    context = types.SimpleNamespace(config=config, flow_settings=FlowSettings(), oauth_providers={},
+                                    priority=Priority(None, "test", lambda: 0))  # no pinned subscription
     states = [SubscriptionState(s, positions={0: 0}, catching_up=s.name in catching_up) for s in config.subscriptions]
     pipeline = TopicPipeline.__new__(TopicPipeline)  # no Spark: only the states and the planning are used here
     pipeline.context, pipeline.retries, pipeline.states = context, _NoParked(), {s.id: s for s in states}

@@ -411,6 +411,19 @@ class OAuthPolicy(Strict):
         return self
 
 
+class Priority(Strict):
+    """Which of a subscription's endpoints gets its traffic (docs/design.md §5b; NATS priority groups).
+
+    policy pinned: every attempt goes to ONE endpoint, the pinned one (first in the list at the very start),
+    with a `Herald-Pin-Id` header; it keeps the pin until it has accepted nothing (no 2xx) for `timeoutMs`
+    milliseconds while it had messages to take, or an operator unpins it (`herald unpin`); then the next
+    endpoint in list order is pinned, once the old one's requests have ended.
+    """
+
+    policy: Literal["pinned"]
+    timeoutMs: Annotated[int, Field(ge=1000, le=86_400_000)] = 120_000
+
+
 class Signing(Strict):
     """Standard Webhooks signing (`herald.delivery.signing`): one signature per secret, for key rotation.
     Secrets are normally `${env:NAME}` references; they are never shown."""
@@ -459,6 +472,7 @@ class Subscription(Strict):
     signing: Signing | None = None
     onDiscard: OnDiscard | None = None
     oAuthPolicy: OAuthPolicy | None = None
+    priority: Priority | None = None
     # HTTPS: as written, over herald.yaml's delivery.tls; once loaded (`load_config`), the settings in force: both
     # merged (`herald.config.tls`) and paths absolute
     tls: Tls | None = None
@@ -515,6 +529,17 @@ class Subscription(Strict):
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
         return _url(value) if value is not None else None
+
+    @field_validator("priority")
+    @classmethod
+    def _priority_over_several_endpoints(cls, value: Priority | None, info: ValidationInfo) -> Priority | None:
+        if value is None:
+            return value
+        if len(info.data.get("endpoints") or ()) < 2:
+            raise ValueError("a priority policy chooses among endpoints: give at least two in `endpoints`")
+        if info.data.get("mode") == "BROADCAST":
+            raise ValueError("mode BROADCAST sends every message to every endpoint; a priority policy needs ANYCAST")
+        return value
 
     @model_validator(mode="after")
     def _one_endpoint_form(self) -> Subscription:

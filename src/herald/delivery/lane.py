@@ -33,6 +33,7 @@ from herald.delivery.choice import endpoint_choice
 from herald.delivery.flow import FlowController, RateCap
 from herald.delivery.message import Record
 from herald.delivery.oauth import TOKENS, TokenCache, TokenError, Wait
+from herald.delivery.pin import PinWatch
 from herald.delivery.outcome import FailureKind, TransportFailure, Verdict, classify
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
@@ -84,6 +85,7 @@ class Lane:
         self.choice = endpoint_choice(len(self._targets), plan.broadcast)
         self.assembly = assembly_for(plan, self._targets, self.choice, self, flush)
         self._batched = self.assembly.tracks_reads  # batches close on time: dispatch looks at their times
+        self.pin = PinWatch(plan.pin) if plan.pin is not None else None  # priority pinned: the endpoint's answers
 
     # -- what the assembly says -------------------------------------------------------------------------------
     def created(self, unit: Unit) -> None:
@@ -268,6 +270,8 @@ class Lane:
                     self._tokens.delivered(self.plan.oauth)
         else:
             outcome = classify(failure=result)
+        if self.pin is not None:
+            self._pin_answered(outcome.verdict is Verdict.DELIVERED, now_ms)
         counters = self.counters
         category = outcome.category.value
         setattr(counters, category, getattr(counters, category) + 1)
@@ -287,6 +291,14 @@ class Lane:
         else:
             assert isinstance(step, GiveUp)
             self._end(unit, now_ms, failure=(step.reason, step.ended_by))
+
+    def _pin_answered(self, accepted: bool, now_ms: int) -> None:
+        """The pinned endpoint answered; once it has refused for its timeout the lane starts nothing more
+        (its unfinished units are carried or parked, and the driver gives the pin up)."""
+        self.pin.answer(accepted, now_ms)
+        self.report.pin_news = self.pin.news()
+        if self.pin.expired(now_ms):
+            self.settling = True
 
     def _end(self, unit: Unit, now_ms: int, failure: tuple[str, str] | None = None) -> None:
         """`unit` ended: delivered, or given up with `failure` (reason, ended_by: an undelivered row for each

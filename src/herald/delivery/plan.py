@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from herald.delivery.flow import FlowSettings, FlowState
 from herald.delivery.message import RetryState
 from herald.delivery.oauth import TokenSource
+from herald.delivery.pin import PinPlan
 from herald.delivery.policy import RetryPolicy
 from herald.delivery.spec import BatchSpec
 from herald.delivery.tls import TlsSettings
@@ -65,6 +66,8 @@ class LanePlan:
         (`herald.delivery.control`).
     tls: whom its https attempts trust and the client certificate they show (None: certifi's CAs, none shown);
         its repr never shows the key's passphrase.
+    pin: priority pinned: the pin the round got (`targets` is then the pinned endpoint alone, and
+        `header_lines` carry its Herald-Pin-Id); the lane watches the endpoint's answers (`herald.delivery.pin`).
     """
 
     subscription_id: str
@@ -91,6 +94,7 @@ class LanePlan:
     batch: BatchSpec | None
     version: str
     tls: TlsSettings | None
+    pin: PinPlan | None
 
     @property
     def tracks_all(self) -> bool:

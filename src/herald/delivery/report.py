@@ -168,6 +168,8 @@ class LaneReport:
         `LanePlan.positional` False), whose round must record exactly which messages ended; empty otherwise.
     ended_carried: (partition, offset, SUCCESS or DISCARDED) of each message (or batch, at its first offset) the
         lane continued from a carried state and that ended in the task.
+    pin_news: priority pinned: (last 2xx, refused since) of the pinned endpoint in epoch ms, or None when
+        nothing was answered (`herald.delivery.pin`).
     """
 
     counters: LaneCounters = field(default_factory=LaneCounters)
@@ -180,6 +182,7 @@ class LaneReport:
     traced: list[Traced] = field(default_factory=list)
     delivered: list[tuple[int, int]] = field(default_factory=list)
     ended_carried: list[tuple[int, int, str]] = field(default_factory=list)
+    pin_news: tuple[int | None, int | None] | None = None
 
     def stop(self, partition: int, offset: int) -> None:
         """The subscription's position may not pass `offset` in `partition`."""
@@ -252,7 +255,8 @@ class TaskReport:
         for index, lane in self.lanes.items():
             flow = lane.flow_state
             stats = {"counters": asdict(lane.counters), "stops": {str(p): o for p, o in lane.stops.items()},
-                     "cut": lane.cut, "flow": [flow.mode.value, flow.rate_per_s, flow.next_permit_ms]}
+                     "cut": lane.cut, "flow": [flow.mode.value, flow.rate_per_s, flow.next_permit_ms],
+                     "pin": lane.pin_news}
             rows.append({"row_type": "lane", "lane": index, "stats": json.dumps(stats)})
             for item in lane.discarded:
                 columns = asdict(item)
@@ -305,6 +309,7 @@ class TaskReport:
                 lane.cut = stats["cut"]
                 mode, rate, next_permit_ms = stats["flow"]
                 lane.flow_state = FlowState(FlowMode(mode), rate, next_permit_ms)
+                lane.pin_news = tuple(stats["pin"]) if stats.get("pin") is not None else None
             elif kind == "discarded":
                 row["discarded_ms"] = row["event_ms"]
                 lane.discarded.append(Discarded(**{name: row[name] for name in discarded_fields}))

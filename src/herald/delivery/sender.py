@@ -206,7 +206,8 @@ class TaskSender:
             if not lane.settling:
                 since = lane.stalled(now, input_done)
                 lane.settling = since is not None and now - since >= self.plan.park_after_s or (
-                    self.plan.settle_throttled and lane.throttled_s(now) > self.plan.park_after_s)
+                    self.plan.settle_throttled and lane.throttled_s(now) > self.plan.park_after_s) or (
+                    lane.pin is not None and lane.pin.expired(now_ms))  # its pinned endpoint timed out
             if lane.settling and lane.open == 0:
                 self._release(lane.settle(now, now_ms, self._progress, input_done))
 

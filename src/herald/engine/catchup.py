@@ -78,8 +78,8 @@ class CatchUp:
         now = now_ms()
         ready = []
         for state in pipeline.states.values():
-            if not state.catching_up or state.busy:
-                continue
+            if not state.catching_up or state.busy or pipeline.context.priority.holds(state.id):
+                continue  # (held: its pin changes hands; the switch wakes catch-up)
             if state.idle is not None:
                 seen, wake_ms = state.idle
                 if seen == frontier and now < wake_ms:
@@ -116,6 +116,8 @@ class CatchUp:
             group, ranges, frontier = chosen
             before = {state.id: dict(state.positions) for state in group}
             participants = steps.participants(context, enumerate(group), pipeline.retries.parked_count)
+            if not participants:
+                return False  # every one of them is held (a pin changing hands): the switch wakes catch-up
         results = []
         started = time.monotonic()
         try:
@@ -141,6 +143,7 @@ class CatchUp:
                 for state in group:  # the query may have moved on (or restarted) during the round
                     if pipeline.frontier is not None and behind(state.positions, pipeline.frontier):
                         state.catching_up = True
+            steps.release_pins(context, participants, results)
         batch_id = next(self._rounds)
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
                                           pipeline.kafka_topic, context.cluster, results),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from herald.config import HeraldConfig
 from herald.delivery.flow import FlowSettings
+from herald.engine.priority import Priority
 from herald.storage import TableStore, TableWriter
 
 
@@ -34,7 +35,8 @@ def stamp_ms() -> int:
 @dataclass
 class EngineContext:
     """spark: the session; config: the configuration in force (the watcher replaces it); connector: 'spark' or
-    'python' (the Kafka source); store / writer: the tables; once: `--once`."""
+    'python' (the Kafka source); store / writer: the tables; once: `--once`; priority: the pins of its pinned
+    subscriptions (every round leases them)."""
 
     spark: object
     config: HeraldConfig
@@ -46,6 +48,10 @@ class EngineContext:
     catchup_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
     round_listeners: list[Callable] = field(default_factory=list)
     control_url: str | None = None  # where running tasks ask which subscriptions are delivered now
+    priority: Priority = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.priority = Priority(self.store, self.run_id, now_ms, self.config.settings.streaming.config_poll_s)
 
     def recorded(self, result, duration_s: float) -> None:
         """A round's rows were handed to the writer: tell the listeners (the Prometheus exporter, the dead-letter

@@ -24,6 +24,11 @@ def version_of(subscription: Subscription) -> str:
     return hashlib.sha1(subscription.model_dump_json().encode("utf-8")).hexdigest()[:16]
 
 
+def pinned_version(version: str, pin_id: str | None) -> str:
+    """A pinned subscription's version in a round: its definition's and its pin's."""
+    return f"{version}:{pin_id or '-'}"
+
+
 class ControlServer:
     def __init__(self, host: str) -> None:
         self._versions: dict[str, str] = {}
@@ -54,9 +59,13 @@ class ControlServer:
         self._thread.start()
         log.info("control endpoint for running tasks: %s", self.url)
 
-    def publish(self, subscriptions: list[Subscription]) -> None:
-        """The subscriptions delivered now (the others are stopped in running tasks)."""
-        self._versions = {subscription.id: version_of(subscription) for subscription in subscriptions}
+    def publish(self, subscriptions: list[Subscription], pins: dict[str, str | None] | None = None) -> None:
+        """The subscriptions delivered now (the others are stopped in running tasks); `pins`: a pinned
+        subscription's pin id (None while it changes hands), part of its version (`pinned_version`), so that
+        running tasks stop sending to a pin given up."""
+        pins = pins or {}
+        self._versions = {s.id: pinned_version(version_of(s), pins[s.id]) if s.id in pins else version_of(s)
+                          for s in subscriptions}
         self._body = json.dumps({"versions": self._versions}).encode()
 
     def stop(self) -> None:

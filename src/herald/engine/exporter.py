@@ -68,6 +68,11 @@ class PrometheusExporter:
                                 ["subscription"], registry=self.registry)
         self._rounds = Histogram("herald_round_duration_seconds", "Duration of a delivery round", ["topic", "kind"],
                                  buckets=_ROUND_BUCKETS_S, registry=self.registry)
+        self._advisories = Counter("herald_pin_advisories", "Priority pinned: pins given (pinned) and given up "
+                                   "(unpinned), by reason", ["subscription", "type", "reason"], registry=self.registry)
+        self._pinned = Gauge("herald_pinned_endpoint", "Priority pinned: 1 for the endpoint pinned now (password "
+                             "masked)", ["subscription", "endpoint"], registry=self.registry)
+        self._pinned_now: dict[str, str] = {}
         self.registry.register(_LiveCollector(positions, end_offsets, parked, lag_cache_s, writer))
 
     def observe(self, result, duration_s: float) -> None:
@@ -85,6 +90,17 @@ class PrometheusExporter:
                 self._inflight.labels(sid).set(counters.inflight_peak)
             self._flow_rate.labels(sid).set(outcome.flow_state.rate_per_s)
         self._rounds.labels(result.kafka_topic or "-", result.kind).observe(duration_s)
+
+    def advised(self, advisory) -> None:
+        """A pin given or given up (`herald.engine.pinning.Advisory`, a priority listener)."""
+        sid = advisory.subscription
+        self._advisories.labels(sid, advisory.type, advisory.reason).inc()
+        before = self._pinned_now.pop(sid, None)
+        if before is not None:
+            self._pinned.remove(sid, before)
+        if advisory.type == "pinned":
+            self._pinned.labels(sid, advisory.endpoint).set(1)
+            self._pinned_now[sid] = advisory.endpoint
 
     def start(self) -> None:
         host, port = self._requested

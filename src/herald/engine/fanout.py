@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from herald.delivery.flow import FlowState
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.report import REPORT_DDL, LaneCounters, TaskReport
+from herald.engine.pinning import Pin, PinNews
 from herald.engine.task import delivery_task
 from herald.engine.positions import Lost, advance
 from herald.engine.rounds import SubscriptionOutcome
@@ -26,6 +27,7 @@ class Participant:
     index: int
     state: SubscriptionState
     plan: LanePlan
+    pin: Pin | None = None  # its pin (priority pinned), from `herald.engine.priority.Priority.lease`
 
 
 def run_round(rows, plan: TaskPlan, input_partitions: int) -> list[TaskReport]:
@@ -42,7 +44,7 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
     results = []
     for participant in participants:
         outcome = SubscriptionOutcome(participant.state.subscription, counters=LaneCounters())
-        flow_states = []
+        flow_states, pin_news = [], []
         for report in reports:
             lane = report.lanes.get(participant.index)
             if lane is None:
@@ -54,6 +56,9 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
             outcome.carried.extend(lane.carried)
             outcome.ended_carried.extend(lane.ended_carried)
             outcome.traced.extend(lane.traced)
+            if lane.pin_news is not None:
+                pin_news.append(PinNews(*lane.pin_news))
+        outcome.pin_news = PinNews.merge(pin_news)
         outcome.flow_state = FlowState.combine(flow_states, participant.state.flow)
         if participant.plan.positional:
             moved = advance(participant.state.positions, ranges, reports, participant.index)

@@ -21,10 +21,12 @@ from herald.delivery.headers import (
     static_headers,
 )
 from herald.delivery.oauth import TokenSource
+from herald.delivery.pin import PinPlan
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TRACK_OFF
 from herald.delivery.spec import DeliverySpec
-from herald.engine.control import version_of
+from herald.engine.control import pinned_version, version_of
+from herald.engine.pinning import Pin
 from herald.engine.state import SubscriptionState
 
 
@@ -75,22 +77,29 @@ def token_source(subscription: Subscription, providers: dict[str, OAuthProvider]
 
 
 def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int, retries: bool = False,
-              providers: dict[str, OAuthProvider] | None = None) -> LanePlan:
+              providers: dict[str, OAuthProvider] | None = None, pin: Pin | None = None) -> LanePlan:
     """The lane of one subscription in a round: the reading path's share, or the retry driver's (`retries`).
-    providers: herald.yaml's OAuth providers by name (needed by subscriptions with an oAuthPolicy)."""
+    providers: herald.yaml's OAuth providers by name (needed by subscriptions with an oAuthPolicy).
+    pin: a pinned subscription's pin for the round: it sends to that endpoint only, with its Herald-Pin-Id."""
     subscription = state.subscription
     spec = spec_of(subscription)
     reading, for_retries = split_inflight(spec.inflight, parked)
     slots = for_retries if retries else reading
     rate_per_s = spec.rate_per_s * slots / (reading + for_retries)
     endpoints = targets(subscription)
+    lines = header_lines(subscription)
+    pin_plan = None
+    if pin is not None:
+        endpoints = (endpoints[pin.index],)
+        pin_plan = PinPlan(pin.pin_id, pin.timeout_ms, pin.refused_since_ms)
+        lines += (pin_plan.header_line,)
     return LanePlan(
         subscription_id=subscription.id,
         url=endpoints[0].url,
         targets=endpoints,
         broadcast=subscription.mode == "BROADCAST",
         oauth=token_source(subscription, providers or {}),
-        header_lines=header_lines(subscription),
+        header_lines=lines,
         retry=spec.retry,
         inflight=slots,
         rate_per_s=max(rate_per_s, 1e-3),
@@ -107,6 +116,7 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         tracking=TRACKING[subscription.trackingMode],
         signing_keys=subscription.signing.keys() if subscription.signing is not None else (),
         batch=None if retries else spec.batch,  # messages parked before a change to BATCH go out alone
-        version=version_of(subscription),
+        version=version_of(subscription) if pin is None else pinned_version(version_of(subscription), pin.pin_id),
         tls=subscription.tls.settings() if subscription.tls is not None else None,  # in force: load_config merged it
+        pin=pin_plan,
     )

@@ -27,7 +27,9 @@ from herald.delivery.report import Parked
 from herald.delivery.sender import TaskSender
 from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext, now_ms
+from herald.engine.pinning import PinNews
 from herald.engine.planner import lane_plan
+from herald.engine.priority import HELD
 from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row
 from herald.engine.state import SubscriptionState
 from herald.storage.tables import DELIVERED, DISCARDED, PARKED, RETRIES, epoch_ms
@@ -126,6 +128,10 @@ class RetryDriver:
         return len(states), min((s.due_ms for s in states), default=None)
 
     # -- the thread -------------------------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Look for due messages now (a held subscription may deliver again)."""
+        self._wake.set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="herald-retries", daemon=True)
         self._thread.start()
@@ -169,7 +175,8 @@ class RetryDriver:
         with self._lock:
             due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)]
                    for sid, messages in self._parked.items()
-                   if sid in self._active and self._next_permit.get(sid, 0) <= horizon}
+                   if sid in self._active and self._next_permit.get(sid, 0) <= horizon
+                   and not self.context.priority.holds(sid)}  # held: its pin changes hands (the switch wakes us)
         return {sid: messages for sid, messages in due.items() if messages}
 
     def _tried_here(self, subscription_id: str, message: ParkedMessage) -> bool:
@@ -227,21 +234,30 @@ class RetryDriver:
         """Re-drive `due` (subscription id -> messages) once; record and return what happened."""
         context = self.context
         with self._lock:
-            subscriptions = [self._active[sid] for sid in due if sid in self._active]
-        lanes, rows = {}, []
-        for index, subscription in enumerate(subscriptions):
-            messages = due[subscription.id]
-            live = self.live_state(subscription.id)
-            flow = live[1].flow if live else FlowState()
-            flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
-            state = SubscriptionState(subscription, flow=flow)
-            plan = lane_plan(state, context.flow_settings, len(messages), retries=True,
-                             providers=context.oauth_providers)
-            lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
-            rows.extend((m.record, (index,)) for m in messages)
-        plan = steps.task_plan(context, "", lanes)
-        started = time.monotonic()
-        report = TaskSender(plan, stop=self._stop.is_set).run([InputBatch(rows)])
+            active = [self._active[sid] for sid in due if sid in self._active]
+        pins = {subscription.id: context.priority.lease(subscription.id) for subscription in active}
+        subscriptions = [subscription for subscription in active if pins[subscription.id] != HELD]
+        report = None
+        try:
+            lanes, rows = {}, []
+            for index, subscription in enumerate(subscriptions):
+                messages = due[subscription.id]
+                live = self.live_state(subscription.id)
+                flow = live[1].flow if live else FlowState()
+                flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
+                state = SubscriptionState(subscription, flow=flow)
+                plan = lane_plan(state, context.flow_settings, len(messages), retries=True,
+                                 providers=context.oauth_providers, pin=pins[subscription.id])
+                lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
+                rows.extend((m.record, (index,)) for m in messages)
+            plan = steps.task_plan(context, "", lanes)
+            started = time.monotonic()
+            report = TaskSender(plan, stop=self._stop.is_set).run([InputBatch(rows)])
+        finally:  # the pins go back, with what the round saw of the pinned endpoints
+            for index, subscription in enumerate(subscriptions):
+                lane = report.lanes.get(index) if report is not None else None
+                news = PinNews(*lane.pin_news) if lane is not None and lane.pin_news is not None else None
+                context.priority.release(subscription.id, pins[subscription.id], news)
         batch_id = next(self._rounds)
         result = RoundResult(RETRY, f"retry:{context.run_id}", batch_id, "", context.cluster)
         for index, subscription in enumerate(subscriptions):

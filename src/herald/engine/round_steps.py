@@ -26,6 +26,7 @@ from herald.delivery.plan import LanePlan, TaskPlan
 from herald.engine.context import EngineContext, stamp_ms
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
+from herald.engine.priority import HELD
 from herald.engine.positions import Lost, lost_ranges, unread_ranges
 from herald.engine.projection import project
 from herald.engine.rounds import RoundResult, SubscriptionOutcome, table_rows
@@ -40,10 +41,26 @@ Ranges = dict[int, tuple[int, int]]
 
 def participants(context: EngineContext, states: Iterable[tuple[int, SubscriptionState]],
                  parked_count: Callable[[str], int]) -> list[Participant]:
-    """Each (index in the rows' `targets`, state) with the plan of its share of the round."""
-    return [Participant(index, state, lane_plan(state, context.flow_settings, parked_count(state.id),
-                                                providers=context.oauth_providers))
-            for index, state in states]
+    """Each (index in the rows' `targets`, state) with the plan of its share of the round. A pinned
+    subscription takes part with its pin (the caller's `release_pins` gives it back when the round ends), or,
+    while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up)."""
+    chosen = []
+    for index, state in states:
+        pin = context.priority.lease(state.id)
+        if pin == HELD:
+            state.busy = False
+            continue
+        chosen.append(Participant(index, state, lane_plan(state, context.flow_settings, parked_count(state.id),
+                                                          providers=context.oauth_providers, pin=pin), pin))
+    return chosen
+
+
+def release_pins(context: EngineContext, members: Iterable[Participant],
+                 results: Iterable[SubscriptionOutcome]) -> None:
+    """The round is over (delivered or failed): give its pins back, with what it saw of the pinned endpoints."""
+    news = {result.subscription.id: result.pin_news for result in results}
+    for member in members:
+        context.priority.release(member.state.id, member.pin, news.get(member.state.id))
 
 
 def task_plan(context: EngineContext, kafka_topic: str, lanes: dict[int, LanePlan], tasks: int = 1,

@@ -18,6 +18,7 @@ from herald.delivery.flow import FlowState
 from herald.delivery.message import Record, RetryState
 from herald.delivery.policy import EndedBy
 from herald.delivery.report import DISCARDED, Carried, Discarded, LaneCounters, Parked, Traced
+from herald.engine.pinning import PinNews
 from herald.storage.tables import (
     METRICS,
     METRICS_SCHEMA,
@@ -51,6 +52,7 @@ class SubscriptionOutcome:
     ended_carried: (partition, offset, SUCCESS or DISCARDED): carried states the round's lanes continued and ended.
     lost: (partition, first, end) of each range of offsets [first, end) its round covered that Kafka had
         deleted (retention) before it was read: neither delivered nor discarded, and recorded as LOST.
+    pin_news: what the round saw of its pinned endpoint (priority pinned; None: nothing was answered).
     """
 
     subscription: Subscription
@@ -64,6 +66,7 @@ class SubscriptionOutcome:
     resolved: dict[tuple[int, int], tuple[Record, str]] = field(default_factory=dict)
     ended_carried: list[tuple[int, int, str]] = field(default_factory=list)
     lost: list[tuple[int, int, int]] = field(default_factory=list)
+    pin_news: PinNews | None = None
 
 
 @dataclass

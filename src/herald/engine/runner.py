@@ -76,20 +76,23 @@ class Runner:
         self.lease.start()
         context = EngineContext(self.spark, self.config, connector, store, TableWriter(store), once=once)
         context.catchup_slots = threading.Semaphore(max(1, context.parallelism // 2))
+        active = self.config.active_subscriptions(self.only)
+        context.priority.configure(active)  # the pins, first ones recorded, before any round asks for them
         if not once:  # a --once run sees no configuration change
             self.control = ControlServer(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
-            self.control.publish(self.config.active_subscriptions(self.only))
+            self.control.publish(active, context.priority.pin_ids())
             self.control.start()
             context.control_url = self.control.url
+            context.priority.listeners.append(lambda advisory: self._publish_control())
         self.retries = retries = RetryDriver(context, once=once, live_state=self._live_state)
         self.context = context
         self.topics = topics = Topics(context, self.config, self.only, StateBook(store, context.writer),
                                       QuerySupervisor(once), retries)
+        context.priority.wakers.extend([retries.wake, topics.wake_catchups])
         if self._metrics_port is not None:
             self._start_exporter(context)
         self._ensure_dead_letters()
         handed = {(move.subscription, move.move_id) for move in unapplied_moves(store) if topics.apply_move(move)}
-        active = self.config.active_subscriptions(self.only)
         retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
         retries.set_active(active)
         retries.start()
@@ -107,10 +110,16 @@ class Runner:
 
             self.moves = MoveWatcher(store, topics.apply_move, settings.streaming.config_poll_s, handed)
             self.moves.start()
+            context.priority.start()  # picks up `herald unpin`
 
             self.watcher = ConfWatcher(self.config.conf_dir, self.config, self.apply,
                                        self.config.settings.streaming.config_poll_s)
             self.watcher.start()
+
+    def _publish_control(self) -> None:
+        """Tell running tasks which subscriptions (versions, pins) are delivered now."""
+        if self.control is not None:
+            self.control.publish(self.config.active_subscriptions(self.only), self.context.priority.pin_ids())
 
     def _live_state(self, subscription_id: str):
         """(topic lock, state) of a running subscription, or None (the retry driver starts from its flow)."""
@@ -127,6 +136,7 @@ class Runner:
                                            self.retries.parked_count, self.config.settings.metrics.prometheusHost,
                                            writer=context.writer)
         context.round_listeners.append(self.exporter.observe)
+        context.priority.listeners.append(self.exporter.advised)
         self.exporter.start()
 
     def _ensure_dead_letters(self) -> None:
@@ -157,9 +167,9 @@ class Runner:
             self.config = config
             self.context.config = config
             self._ensure_dead_letters()
+            self.context.priority.configure(config.active_subscriptions(self.only))
             self.retries.set_active(config.active_subscriptions(self.only))
-            if self.control is not None:
-                self.control.publish(config.active_subscriptions(self.only))
+            self._publish_control()
             self.config_generation += 1
 
     # -- running ----------------------------------------------------------------------------------------------
@@ -255,6 +265,8 @@ class Runner:
             self.maintenance.stop()
         if self.moves is not None:
             self.moves.stop()
+        if self.context is not None:
+            self.context.priority.stop()
         with self.topics.lock if self.topics is not None else threading.RLock():
             pipelines = list(self.pipelines.values())
         for pipeline in pipelines:

@@ -241,6 +241,7 @@ class TopicPipeline:
                 self.apply(participants, results)
                 self._set_frontier(ranges)
                 self.batch_in_progress = False
+            steps.release_pins(context, participants, results)
         steps.record(context, RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
                      time.monotonic() - started, possible_replay=self._replay_possible, park=self.retries.park)
         self._replay_possible = False

@@ -174,6 +174,11 @@ class Topics:
                     if self.start_topic(topic_name, subscriptions) is not None:
                         log.info("%s started", topic_name)
 
+    def wake_catchups(self) -> None:
+        """Let every topic's catch-up look for work now (a held subscription may deliver again)."""
+        for pipeline in list(self.pipelines.values()):
+            pipeline.catchup.wake()
+
     # -- live configuration -----------------------------------------------------------------------------------
     def apply(self, config: HeraldConfig) -> None:
         """(lock held) Deliver `config`'s ACTIVE subscriptions: topics and subscriptions added, removed, edited,

@@ -19,6 +19,7 @@ RETRIES = "retries"
 RETRANSMISSIONS = "retransmissions"
 TRACKING = "tracking"
 LEASES = "leases"
+ADVISORIES = "advisories"
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -158,9 +159,20 @@ TRACKING_SCHEMA = pa.schema([  # Hermes' message tracking (its fields, in this p
     ("writer", pa.string()),
 ])
 
+ADVISORIES_SCHEMA = pa.schema([  # priority groups: every pin given and given up (herald.engine.pinning)
+    ("type", pa.string()),  # pinned | unpinned
+    ("subscription", pa.string()),
+    ("endpoint", pa.string()),  # the pinned endpoint, password masked
+    ("pin_id", pa.string()),  # the Herald-Pin-Id its requests carry
+    ("reason", pa.string()),  # timeout | admin | start | endpoint removed
+    ("timestamp", _TIMESTAMP),
+    ("writer", pa.string()),  # the job (priority:<run id>) or the operator who unpinned (admin:<user>)
+    ("batch_id", pa.int64()),
+])
+
 SCHEMAS = {UNDELIVERED: UNDELIVERED_SCHEMA, OFFSETS: OFFSETS_SCHEMA, METRICS: METRICS_SCHEMA,
            RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA, TRACKING: TRACKING_SCHEMA,
-           LEASES: LEASES_SCHEMA}
+           LEASES: LEASES_SCHEMA, ADVISORIES: ADVISORIES_SCHEMA}
 
 PARKED, HELD, DELIVERED, DISCARDED, RELEASED = "PARKED", "HELD", "DELIVERED", "DISCARDED", "RELEASED"
 

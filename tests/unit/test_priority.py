@@ -1,0 +1,132 @@
+"""Priority groups for a job (herald.engine.priority) over a real delta-rs advisories table, and their
+configuration: pins recorded before use, taken up after a restart, given up by `herald unpin`."""
+
+from __future__ import annotations
+
+from herald.config import load_config
+from herald.engine.pinning import PinNews
+from herald.engine.priority import HELD, Priority, last_advisories, recorded_state, unpin
+from herald.storage import open_store
+from tests.support.config_files import SUBSCRIPTION, problems_of, write_conf
+
+PINNED_SUBSCRIPTION = """
+topicName: shop.orders
+name: billing
+endpoints: [http://primary.example/orders, "http://ops:s3cret@standby.example/orders"]
+priority: {policy: pinned, timeoutMs: 1000}
+"""
+T0 = 1_800_000_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = T0
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def setup(tmp_path, subscription=PINNED_SUBSCRIPTION):
+    config = load_config(write_conf(tmp_path, subscriptions={"billing": subscription}))
+    store = open_store("deltalake", str(tmp_path / "state"))
+    return config, store
+
+
+def board(store, clock, run="run-1") -> Priority:
+    return Priority(store, run, clock)
+
+
+def test_validate_refuses_priority_with_one_endpoint_or_broadcast_naming_the_key(tmp_path):
+    one = SUBSCRIPTION + "priority: {policy: pinned}\n"
+    assert any("priority" in p and "at least two" in p for p in problems_of(write_conf(tmp_path / "a", subscriptions={
+        "billing": one})))
+    broadcast = PINNED_SUBSCRIPTION + "mode: BROADCAST\n"
+    assert any("priority" in p and "BROADCAST" in p for p in problems_of(write_conf(tmp_path / "b", subscriptions={
+        "billing": broadcast})))
+    assert any("timeoutMs" in p for p in problems_of(write_conf(tmp_path / "c", subscriptions={
+        "billing": PINNED_SUBSCRIPTION.replace("timeoutMs: 1000", "timeoutMs: 10")})))
+
+
+def test_the_first_pin_is_recorded_before_a_round_gets_it_and_survives_a_restart(tmp_path):
+    config, store = setup(tmp_path)
+    clock = Clock()
+    first = board(store, clock)
+    seen = []
+    first.listeners.append(seen.append)
+    first.configure(config.subscriptions)
+    recorded = last_advisories(store)["shop.orders.billing"]["pinned"]
+    assert (recorded.endpoint, recorded.reason) == ("http://primary.example/orders", "start")
+    pin = first.lease("shop.orders.billing")
+    assert pin.index == 0 and pin.pin_id == recorded.pin_id
+    assert [a.type for a in seen] == ["pinned"]
+    assert first.lease("not.pinned.at-all") is None
+    # kill -9: nothing released; a new job takes the same pin up
+    clock.ms += 5000
+    second = board(store, clock, run="run-2")
+    second.configure(config.subscriptions)
+    again = second.lease("shop.orders.billing")
+    assert (again.index, again.pin_id) == (0, pin.pin_id)
+
+
+def test_a_timeout_switches_once_the_rounds_end_and_the_password_never_reaches_the_table(tmp_path):
+    config, store = setup(tmp_path)
+    clock = Clock()
+    priority = board(store, clock)
+    woken = []
+    priority.wakers.append(lambda: woken.append(True))
+    priority.configure(config.subscriptions)
+    woken.clear()  # the first pin
+    stream, retries = priority.lease("shop.orders.billing"), priority.lease("shop.orders.billing")
+    clock.ms += 1500
+    priority.release("shop.orders.billing", stream, PinNews(None, T0 + 100))
+    assert priority.holds("shop.orders.billing") and priority.lease("shop.orders.billing") == HELD
+    assert recorded_state(store, "shop.orders.billing")["unpinned"]["reason"] == "timeout"
+    assert not woken, "the retry round still sends to the old pin"
+    priority.release("shop.orders.billing", retries, None)
+    assert woken
+    state = recorded_state(store, "shop.orders.billing")
+    assert state["endpoint"] == "http://ops:*****@standby.example/orders" and state["unpinned"] is None
+    assert state["pin_reason"] == "timeout" and state["pin_id"] != stream.pin_id
+    assert priority.lease("shop.orders.billing").index == 1
+    table = store.read("advisories")
+    assert "s3cret" not in str(table.to_pylist())
+    assert sorted(table.column("type").to_pylist()) == ["pinned", "pinned", "unpinned"]
+
+
+def test_herald_unpin_offline_and_while_running(tmp_path):
+    config, store = setup(tmp_path)
+    clock = Clock()
+    assert unpin(store, "shop.orders.billing", "ops", clock.ms)[0] is None, "nothing pinned yet"
+    priority = board(store, clock)
+    priority.configure(config.subscriptions)
+    pinned = priority.lease("shop.orders.billing")
+    clock.ms += 10
+    advisory, _ = unpin(store, "shop.orders.billing", "ops", clock.ms)
+    assert (advisory.reason, advisory.pin_id) == ("admin", pinned.pin_id)
+    assert unpin(store, "shop.orders.billing", "ops", clock.ms)[0] is None, "unpinned once"
+    priority.poll()  # the running job's look (every configPollMs)
+    assert priority.holds("shop.orders.billing"), "its round still runs: no switch yet"
+    priority.release("shop.orders.billing", pinned, PinNews(T0 + 5, None))
+    state = recorded_state(store, "shop.orders.billing")
+    assert state["endpoint"].startswith("http://ops:*****@standby") and state["pin_reason"] == "admin"
+    # offline: no job runs; the next one switches at start
+    unpin(store, "shop.orders.billing", "ops", clock.ms + 20)
+    clock.ms += 30
+    restarted = board(store, clock, run="run-2")
+    restarted.configure(config.subscriptions)
+    assert restarted.lease("shop.orders.billing").index == 0, "wrapped round to the first endpoint"
+
+
+def test_an_edit_that_removes_the_pinned_endpoint_moves_the_pin(tmp_path):
+    config, store = setup(tmp_path)
+    clock = Clock()
+    priority = board(store, clock)
+    priority.configure(config.subscriptions)
+    edited = load_config(write_conf(tmp_path / "edited", subscriptions={"billing": PINNED_SUBSCRIPTION.replace(
+        "http://primary.example/orders", "http://third.example/orders")}))
+    clock.ms += 5
+    priority.configure(edited.subscriptions)
+    state = recorded_state(store, "shop.orders.billing")
+    assert state["endpoint"] == "http://third.example/orders" and state["pin_reason"] == "endpoint removed"
+    priority.configure([])  # suspended: forgotten, its pin stays recorded
+    assert not priority.pinned("shop.orders.billing")
