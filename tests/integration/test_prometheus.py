@@ -44,8 +44,14 @@ def test_the_scrape_agrees_with_the_metrics_table(broker, spark, topic_name, tmp
 
         with RunningHerald(conf, spark, metrics_port=0) as running:
             port = running.runner.exporter.port
-            produce(broker.bootstrap_servers, topic_name, documents)
             a, b = f"{topic_name}.a", f"{topic_name}.b"
+            before = scrape(port)  # nothing happened yet: every counter is there, at 0
+            for sid in (a, b):
+                for name in ("herald_read_total", "herald_delivered_total", "herald_discarded_total",
+                             "herald_lost_total"):
+                    assert before[(name, (("subscription", sid),))] == 0, (sid, name)
+                assert before[("herald_answers_total", (("class", "5xx"), ("subscription", sid)))] == 0
+            produce(broker.bootstrap_servers, topic_name, documents)
             assert wait_until(lambda: table_sums().get(a, {}).get("read", 0) == 30
                               and table_sums().get(b, {}).get("read", 0) == 30, timeout_s=120)
             found = scrape(port)

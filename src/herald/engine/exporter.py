@@ -16,7 +16,12 @@ Per subscription (label `subscription`, the id `group.topic.name`):
 - the table writer: gauge `herald_table_writer_pending_rounds` (rounds waiting to be written) and counter
   `herald_table_writer_wait_seconds_total` (seconds delivery waited because storage was behind);
 - histogram `herald_round_duration_seconds{topic, kind}`: how long each round took, from the micro-batch's
-  start (or the catch-up or retry round's) to its rows handed to the writer; kind is stream, catchup or retry.
+  start (or the catch-up or retry round's) to its rows handed to the writer; kind is stream, catchup or retry;
+- priority pinned: gauge `herald_pinned_endpoint{endpoint}` (1 for the endpoint pinned now, password masked)
+  and counter `herald_pin_advisories_total{type=pinned|unpinned, reason}`.
+
+Every counter of every ACTIVE subscription exists, at 0, from the first scrape (`know`), so that `rate()` and
+`increase()` work from the start.
 """
 
 from __future__ import annotations
@@ -90,6 +95,25 @@ class PrometheusExporter:
                 self._inflight.labels(sid).set(counters.inflight_peak)
             self._flow_rate.labels(sid).set(outcome.flow_state.rate_per_s)
         self._rounds.labels(result.kafka_topic or "-", result.kind).observe(duration_s)
+
+    def know(self, subscriptions) -> None:
+        """The ACTIVE subscriptions: each gets its counters at 0 (Prometheus practice: a series exists before
+        its first event)."""
+        from herald.engine.pinning import PINNED, REASONS, UNPINNED
+
+        for subscription in subscriptions:
+            sid = subscription.id
+            for counter in self._counters.values():
+                counter.labels(sid)
+            for label in ANSWER_CLASSES:
+                self._answers.labels(sid, label)
+            if subscription.deliveryType == "BATCH":
+                for outcome in ("delivered", "discarded"):
+                    self._batches.labels(sid, outcome)
+            if subscription.priority is not None:
+                for kind in (PINNED, UNPINNED):
+                    for reason in REASONS:
+                        self._advisories.labels(sid, kind, reason)
 
     def advised(self, advisory) -> None:
         """A pin given or given up (`herald.engine.pinning.Advisory`, a priority listener)."""

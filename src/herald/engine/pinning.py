@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 PINNED, UNPINNED = "pinned", "unpinned"
 TIMEOUT, ADMIN, START, ENDPOINT_REMOVED = "timeout", "admin", "start", "endpoint removed"
+REASONS = (TIMEOUT, ADMIN, START, ENDPOINT_REMOVED)
 
 
 def new_pin_id() -> str:

@@ -136,6 +136,7 @@ class Runner:
                                            self.retries.parked_count, self.config.settings.metrics.prometheusHost,
                                            writer=context.writer)
         context.round_listeners.append(self.exporter.observe)
+        self.exporter.know(self.config.active_subscriptions(self.only))
         context.priority.listeners.append(self.exporter.advised)
         self.exporter.start()
 
@@ -168,6 +169,8 @@ class Runner:
             self.context.config = config
             self._ensure_dead_letters()
             self.context.priority.configure(config.active_subscriptions(self.only))
+            if self.exporter is not None:
+                self.exporter.know(config.active_subscriptions(self.only))
             self.retries.set_active(config.active_subscriptions(self.only))
             self._publish_control()
             self.config_generation += 1
