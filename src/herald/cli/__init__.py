@@ -10,7 +10,7 @@ answer for every valid subscription.
     reading.py    undelivered, metrics, trace, offsets, oauth providers
     local.py      broker, publish, demo, jars, schema
     loading.py    the configuration as a command needs it (strict or lenient), problems on stderr
-    output.py     aligned rows, ISO-8601 times
+    output.py     aligned rows, JSON, ISO-8601 times
 
 A handler takes the parsed arguments and returns the exit code; it stays thin, calling the one function that
 does the work. A new command goes in the module of its group (a new group, e.g. priority groups and endpoint

@@ -2,7 +2,8 @@
 
 `load` refuses an invalid configuration (validate, run, broker, publish). `load_lenient` leaves invalid files out:
 each problem of another file is a warning on stderr, and only the subscription's own file (or herald.yaml) being
-invalid stops the command (the read-outs, suspend/activate, retransmit). Stopping is `SystemExit(2)`.
+invalid stops the command (the read-outs, suspend/activate, retransmit). `load_herald_yaml` stops only on
+herald.yaml (oauth, maintain). Stopping is `SystemExit(2)`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ def refuse(conf: str, error: ConfigError) -> NoReturn:
     for problem in error.problems:
         print(f"  {problem}", file=sys.stderr)
     raise SystemExit(2) from None
+
+
+def load_herald_yaml(conf: str) -> HeraldConfig:
+    """The configuration for a command that needs only herald.yaml: the other files' problems go unsaid."""
+    try:
+        return load_config_lenient(Path(conf)).config
+    except ConfigError as error:
+        refuse(conf, error)
 
 
 def load_lenient(conf: str, subscription_id: str) -> tuple[HeraldConfig, Subscription]:

@@ -3,11 +3,11 @@ and the configuration files' JSON Schemas."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from herald.cli.loading import load
+from herald.cli.output import print_json
 
 
 def _broker_for(args):
@@ -98,6 +98,8 @@ def cmd_jars(args) -> int:
             return 1
     else:
         found = jars.cached_jars()
-    print(json.dumps({"packages": jars.packages(), "directory": str(jars.cache_dir()), "jars": len(found)}, indent=2)
-          if args.json else f"{len(found)} jar(s) for {', '.join(jars.packages())} in {jars.cache_dir()}")
+    if args.json:
+        print_json({"packages": jars.packages(), "directory": str(jars.cache_dir()), "jars": len(found)})
+    else:
+        print(f"{len(found)} jar(s) for {', '.join(jars.packages())} in {jars.cache_dir()}")
     return 0 if found else 1

@@ -7,13 +7,12 @@ runner, `herald.config.edit`, `herald.engine.moves`, `herald.storage.maintenance
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from herald.cli.loading import load, load_lenient, refuse, subscription_of
-from herald.cli.output import print_rows
-from herald.config import ConfigError, load_config, load_config_lenient
+from herald.cli.loading import load, load_herald_yaml, load_lenient, refuse, subscription_of
+from herald.cli.output import print_json, print_rows
+from herald.config import ConfigError, load_config
 
 
 def cmd_validate(args) -> int:
@@ -36,11 +35,11 @@ def _validate_json(conf: str) -> int:
     try:
         config = load_config(Path(conf))
     except ConfigError as error:
-        print(json.dumps({"valid": False, "problems": [asdict(p) for p in error.problems]}, indent=2))
+        print_json({"valid": False, "problems": [asdict(p) for p in error.problems]})
         return 2
-    print(json.dumps({"valid": True, "topics": len(config.topics), "subscriptions": len(config.subscriptions),
-                      "active": sum(1 for s in config.subscriptions if s.active), "notes": list(config.notes),
-                      "problems": []}, indent=2))
+    print_json({"valid": True, "topics": len(config.topics), "subscriptions": len(config.subscriptions),
+                "active": sum(1 for s in config.subscriptions if s.active), "notes": list(config.notes),
+                "problems": []})
     return 0
 
 
@@ -98,8 +97,8 @@ def cmd_retransmit(args) -> int:
     partitions = [{"partition": p, "from": current.get(p), "to": offset}
                   for p, offset in sorted(move.to_offsets.items())]
     if args.json:
-        print(json.dumps({"subscription": subscription.id, "topic": kafka_topic, "date": epoch_ms(date),
-                          "dryRun": args.dry_run, "partitions": partitions}, indent=2))
+        print_json({"subscription": subscription.id, "topic": kafka_topic, "date": epoch_ms(date),
+                    "dryRun": args.dry_run, "partitions": partitions})
         return 0
     verb = "would move" if args.dry_run else "moved"
     print(f"{subscription.id} {verb} to the first messages at or after {date.isoformat()}"
@@ -117,15 +116,12 @@ def cmd_maintain(args) -> int:
     from herald.storage import DeltaRsStore
     from herald.storage.maintenance import maintain_tables
 
-    try:
-        config = load_config_lenient(Path(args.conf)).config  # only herald.yaml matters here
-    except ConfigError as error:
-        refuse(args.conf, error)
+    config = load_herald_yaml(args.conf)
     settings = config.settings.storage
     hours = args.retention_hours if args.retention_hours is not None else settings.maintenanceRetentionHours
     results = maintain_tables(DeltaRsStore(config.storage_path, settings.options or None), hours)
     if args.json:
-        print(json.dumps([asdict(result) for result in results], indent=2))
+        print_json([asdict(result) for result in results])
         return 0
     for result in results:
         print(f"{result.table:>12}  {result.files_before} file(s) -> {result.files_after}: {result.files_removed} "

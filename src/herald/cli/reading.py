@@ -3,13 +3,10 @@ and oauth providers (from herald.yaml). They never start Spark, and they load th
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
-from herald.cli.loading import load_lenient, refuse
-from herald.cli.output import iso, iso_ms, print_rows
-from herald.config import ConfigError, load_config_lenient
+from herald.cli.loading import load_herald_yaml, load_lenient
+from herald.cli.output import iso, print_json, print_rows
 
 
 def cmd_undelivered(args) -> int:
@@ -18,7 +15,7 @@ def cmd_undelivered(args) -> int:
     config, subscription = load_lenient(args.conf, args.id)
     rows = undelivered(config, subscription, 1 if args.last else args.limit)
     if args.json:
-        print(json.dumps(rows[0] if args.last and rows else rows, indent=2))
+        print_json(rows[0] if args.last and rows else rows)
         return 0 if rows or not args.last else 1
     if not rows:
         print(f"{subscription.id}: no undelivered messages")
@@ -36,7 +33,7 @@ def cmd_metrics(args) -> int:
     config, subscription = load_lenient(args.conf, args.id)
     result = metrics(config, subscription, with_lag=not args.no_lag)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)
         return 0
     for key, value in result.items():
         if key == "lastMinute":
@@ -55,14 +52,14 @@ def cmd_trace(args) -> int:
     config, subscription = load_lenient(args.conf, args.id)
     steps = trace(config, subscription, args.message_id)
     if args.json:
-        print(json.dumps(steps, indent=2))
+        print_json(steps)
     elif not steps:
         print(f"{subscription.id}: no tracked history of message {args.message_id} "
               f"(trackingMode: {subscription.trackingMode})", file=sys.stderr)
     for step in [] if args.json else steps:
         status = step["status"] + (f" {step['httpStatus']}" if step["httpStatus"] is not None else "")
         reason = f"  {step['reason']}" if step["reason"] else ""
-        print(f"{iso_ms(step['timestamp'])}  {step['topicName']}[{step['partition']}]@{step['offset']}  "
+        print(f"{iso(step['timestamp'], 'milliseconds')}  {step['topicName']}[{step['partition']}]@{step['offset']}  "
               f"{status}{reason}")
     return 0 if steps else 1
 
@@ -74,7 +71,7 @@ def cmd_offsets(args) -> int:
     rows = offsets(config, subscription)
     last = last_retransmission(config, subscription)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
     elif rows:
         print_rows(rows, ["topic", "partition", "offset", "batchId", "committedAt"])
     else:
@@ -88,14 +85,11 @@ def cmd_offsets(args) -> int:
 
 def cmd_oauth(args) -> int:
     """`herald oauth providers`: herald.yaml's OAuth providers, secrets shown as ******."""
-    try:
-        config = load_config_lenient(Path(args.conf)).config  # only herald.yaml matters here
-    except ConfigError as error:
-        refuse(args.conf, error)
+    config = load_herald_yaml(args.conf)
     providers = [{**provider.model_dump(exclude={"clientSecret"}), "clientSecret": "******"}
                  for provider in config.settings.oauthProviders]
     if args.json:
-        print(json.dumps(providers, indent=2))
+        print_json(providers)
     elif providers:
         print_rows(providers, ["name", "tokenEndpoint", "clientId", "clientSecret", "tokenRequestInitialDelay",
                                "tokenRequestMaxDelay", "requestTimeout", "socketTimeout"])
