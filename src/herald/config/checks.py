@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from herald.config.files import Problem
-from herald.config.model import ContentType, HeraldSettings, Subscription, Topic
+from herald.config.model import ContentType, Subscription, Topic
+from herald.config.settings import HeraldSettings
 from herald.endpoint import placeholders
 
 
