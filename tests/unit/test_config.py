@@ -22,7 +22,8 @@ def test_minimal_conf_gets_hermes_defaults(tmp_path):
 
 
 def test_units_are_converted_to_seconds_once():
-    from herald.config.model import SerialPolicy, Subscription
+    from herald.config.model import Subscription
+    from herald.config.policies import SerialPolicy
 
     subscription = Subscription(topicName="a.b", name="c", endpoint="http://h/", subscriptionPolicy=SerialPolicy(
         messageTtl=60, messageBackoff=250, backoffMaxIntervalInSec=30, backoffMultiplier=2, maxAttempts=5))

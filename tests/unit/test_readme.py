@@ -1,5 +1,5 @@
-"""The README's tables are the code's: defaults and limits live in herald.config.settings (herald.yaml) and
-herald.config.model (subscriptions) only."""
+"""The README's tables are the code's: defaults and limits live in herald.config.settings (herald.yaml),
+herald.config.model and herald.config.policies (topics, subscriptions) only."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import annotated_types as at
 import pytest
 from pydantic import BaseModel
 
-from herald.config.model import BatchPolicy, SerialPolicy
+from herald.config.policies import BatchPolicy, SerialPolicy
 from herald.config.settings import HeraldSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from herald.config.model import OAuthPolicy, Strict
+from herald.config.base import Strict
+from herald.config.model import OAuthPolicy
 from herald.config.tls import Tls
 from herald.delivery.flow import FlowSettings
 from herald.delivery.oauth import TokenSource
