@@ -100,7 +100,8 @@ def test_bad_filters(tmp_path):
 
 def test_environment_substitution(tmp_path, monkeypatch):
     monkeypatch.setenv("HERALD_TEST_KAFKA", "kafka:9093")
-    settings = SETTINGS.replace("127.0.0.1:9092", "${env:HERALD_TEST_KAFKA}").replace("../state", "${env:HERALD_NOPE:-/tmp/x}")
+    settings = (SETTINGS.replace("127.0.0.1:9092", "${env:HERALD_TEST_KAFKA}")
+                .replace("../state", "${env:HERALD_NOPE:-/tmp/x}"))
     config = load_config(write_conf(tmp_path, settings=settings))
     assert config.settings.kafka.bootstrapServers == "kafka:9093" and config.storage_path == "/tmp/x"
 
