@@ -22,7 +22,8 @@ def test_minimal_conf_gets_hermes_defaults(tmp_path):
 
 
 def test_units_are_converted_to_seconds_once():
-    from herald.config.model import SerialPolicy, Subscription
+    from herald.config.model import Subscription
+    from herald.config.policies import SerialPolicy
 
     subscription = Subscription(topicName="a.b", name="c", endpoint="http://h/", subscriptionPolicy=SerialPolicy(
         messageTtl=60, messageBackoff=250, backoffMaxIntervalInSec=30, backoffMultiplier=2, maxAttempts=5))
@@ -99,7 +100,8 @@ def test_bad_filters(tmp_path):
 
 def test_environment_substitution(tmp_path, monkeypatch):
     monkeypatch.setenv("HERALD_TEST_KAFKA", "kafka:9093")
-    settings = SETTINGS.replace("127.0.0.1:9092", "${env:HERALD_TEST_KAFKA}").replace("../state", "${env:HERALD_NOPE:-/tmp/x}")
+    settings = (SETTINGS.replace("127.0.0.1:9092", "${env:HERALD_TEST_KAFKA}")
+                .replace("../state", "${env:HERALD_NOPE:-/tmp/x}"))
     config = load_config(write_conf(tmp_path, settings=settings))
     assert config.settings.kafka.bootstrapServers == "kafka:9093" and config.storage_path == "/tmp/x"
 

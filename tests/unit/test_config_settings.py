@@ -8,7 +8,9 @@ import pickle
 import pytest
 
 from herald.config import load_config
-from herald.config.model import DeliverySettings, HeraldSettings, SerialPolicy, StreamingSettings, Subscription
+from herald.config.model import Subscription
+from herald.config.policies import SerialPolicy
+from herald.config.settings import DeliverySettings, HeraldSettings, StreamingSettings
 from herald.delivery.spec import DeliverySpec
 from tests.support.config_files import SETTINGS, problems_of, write_conf
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from herald.cli import _join_relative_dates
+from herald.cli.parser import join_relative_dates
 from herald.engine.moves import MoveError, parse_date
 
 NOW = dt.datetime(2026, 11, 24, 12, 0, tzinfo=dt.timezone.utc)
@@ -36,6 +36,6 @@ def test_dates_that_make_no_sense(text, message):
 
 
 def test_a_relative_date_after_date_is_its_value_not_an_option():
-    assert _join_relative_dates(["retransmit", "x.y.z", "--date", "-6h", "--json"]) == \
+    assert join_relative_dates(["retransmit", "x.y.z", "--date", "-6h", "--json"]) == \
         ["retransmit", "x.y.z", "--date=-6h", "--json"]
-    assert _join_relative_dates(["--date", "2026-11-24"]) == ["--date", "2026-11-24"]
+    assert join_relative_dates(["--date", "2026-11-24"]) == ["--date", "2026-11-24"]

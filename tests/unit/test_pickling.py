@@ -7,7 +7,8 @@ import pickle
 
 from pyspark import cloudpickle  # the pickler Spark ships functions to its workers with
 
-from herald.config.model import SerialPolicy, Subscription
+from herald.config.model import Subscription
+from herald.config.policies import SerialPolicy
 from herald.delivery.flow import FlowSettings
 from herald.delivery.plan import TaskPlan
 from herald.engine.task import delivery_task

@@ -1,4 +1,5 @@
-"""The README's tables are the code's: defaults and limits live in herald.config.model only."""
+"""The README's tables are the code's: defaults and limits live in herald.config.settings (herald.yaml),
+herald.config.model and herald.config.policies (topics, subscriptions) only."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import annotated_types as at
 import pytest
 from pydantic import BaseModel
 
-from herald.config.model import BatchPolicy, HeraldSettings, SerialPolicy
+from herald.config.policies import BatchPolicy, SerialPolicy
+from herald.config.settings import HeraldSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -10,7 +10,8 @@ from herald.config.loader import (
     load_config,
     load_config_lenient,
 )
-from herald.config.model import HeraldSettings, Subscription, Topic
+from herald.config.model import Subscription, Topic
+from herald.config.settings import HeraldSettings
 
 __all__ = ["ConfigError", "HeraldConfig", "HeraldSettings", "LoadResult", "Problem", "Subscription", "Topic",
            "conf_fingerprint", "filter_rules", "load_config", "load_config_lenient"]

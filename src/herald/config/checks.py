@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from herald.config.files import Problem
-from herald.config.model import ContentType, HeraldSettings, Subscription, Topic
+from herald.config.model import ContentType, Subscription, Topic
+from herald.config.settings import HeraldSettings
 from herald.endpoint import placeholders
 
 
@@ -66,8 +67,9 @@ def check_subscription(subscription: Subscription, topics: dict[str, Topic], fil
     policy = subscription.oAuthPolicy
     if policy is not None and providers is not None and policy.providerName not in providers:
         known = ", ".join(sorted(providers)) or "none"
-        problems.append(Problem(file, "oAuthPolicy.providerName", f"OAuth provider {policy.providerName} is not "
-                                                                  f"in herald.yaml's oauthProviders (defined: {known})"))
+        problems.append(Problem(file, "oAuthPolicy.providerName",
+                                f"OAuth provider {policy.providerName} is not in herald.yaml's oauthProviders "
+                                f"(defined: {known})"))
     if subscription.deliveryType == "BATCH":
         if subscription.contentType is ContentType.AVRO:
             problems.append(Problem(file, "contentType", "BATCH delivery sends a JSON array: it takes contentType "

@@ -23,7 +23,8 @@ from typing import Any
 
 from herald.config.checks import check_subscription, check_topic, filter_rules
 from herald.config.files import ConfigError, Problem, load_file, raw_mapping, substitute_env, yaml_files
-from herald.config.model import HeraldSettings, Subscription, Topic
+from herald.config.model import Subscription, Topic
+from herald.config.settings import HeraldSettings
 from herald.config.tls import check_tls, effective_tls
 
 SETTINGS_FILE = "herald.yaml"

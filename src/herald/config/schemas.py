@@ -17,7 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from herald.config.model import HeraldSettings, Subscription, Topic
+from herald.config.model import Subscription, Topic
+from herald.config.settings import HeraldSettings
 
 SCHEMA_FILES: dict[str, tuple[type[BaseModel], str]] = {
     "herald.schema.json": (HeraldSettings, "Herald settings (herald.yaml)"),

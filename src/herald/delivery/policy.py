@@ -1,7 +1,7 @@
 """When to try a message again and when to give up: backoff, jitter, inflight TTL and max attempts.
 
 All durations are float seconds. The YAML's mixed units (messageTtl s, messageBackoff ms, ...) are converted,
-and its defaults given, once, where the config is loaded (`herald.config.model`), and nowhere else: every field
+and its defaults given, once, where the config is loaded (`herald.config.policies`), and nowhere else: every field
 here is required.
 
 Example::

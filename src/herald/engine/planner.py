@@ -11,7 +11,8 @@ same proportion. The tasks of a round split their path's share again (`LanePlan.
 from __future__ import annotations
 
 from herald.config import Subscription
-from herald.config.model import ContentType, OAuthProvider
+from herald.config.model import ContentType
+from herald.config.settings import OAuthProvider
 from herald.delivery.flow import FlowSettings
 from herald.delivery.headers import (
     AUTHORIZATION,

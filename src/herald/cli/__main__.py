@@ -1,0 +1,3 @@
+from herald.cli import main
+
+raise SystemExit(main())
