@@ -130,3 +130,48 @@ def test_an_edit_that_removes_the_pinned_endpoint_moves_the_pin(tmp_path):
     assert state["endpoint"] == "http://third.example/orders" and state["pin_reason"] == "endpoint removed"
     priority.configure([])  # suspended: forgotten, its pin stays recorded
     assert not priority.pinned("shop.orders.billing")
+
+
+OVERFLOW = """
+topicName: shop.orders
+name: billing
+endpoints:
+  - http://us-east.example/orders
+  - {url: http://us-west.example/orders, minPending: 1000, minInflight: 50}
+priority: {policy: overflow}
+"""
+DISCOVERED = """
+topicName: shop.orders
+name: billing
+endpoints:
+  discovery:
+    urls: ["http://lookup-1.example:4161/lookup?topic=orders"]
+    endpoint: "http://{address}:{port}/orders"
+"""
+
+
+def test_overflow_and_discovery_forms_load_and_their_mistakes_name_the_key(tmp_path):
+    config = load_config(write_conf(tmp_path / "ok", subscriptions={"billing": OVERFLOW, "found": DISCOVERED.replace(
+        "name: billing", "name: found")}))
+    entries = config.subscription("shop.orders.billing").endpoint_entries
+    assert [(e.url, e.minPending, e.minInflight) for e in entries] == [
+        ("http://us-east.example/orders", None, None), ("http://us-west.example/orders", 1000, 50)]
+    found = config.subscription("shop.orders.found")
+    assert found.endpoint_urls == [] and found.discovery.fill("10.0.0.7", 4151) == "http://10.0.0.7:4151/orders"
+    assert (found.discovery.pollIntervalMs, found.discovery.jitter) == (60_000, 0.3)
+
+    def problems(name: str, text: str) -> list[str]:
+        return problems_of(write_conf(tmp_path / name, subscriptions={"billing": text}))
+
+    no_policy = OVERFLOW.replace("priority: {policy: overflow}\n", "")
+    assert any("endpoints[1].minPending" in p and "overflow" in p for p in problems("a", no_policy))
+    pinned = OVERFLOW.replace("policy: overflow", "policy: pinned")
+    assert any("endpoints[1].minPending" in p for p in problems("b", pinned))
+    all_conditional = OVERFLOW.replace("- http://us-east.example/orders", "- {url: http://e.example/o, minPending: 5}")
+    assert any("priority" in p and "without conditions" in p for p in problems("c", all_conditional))
+    assert any("endpoints.discovery.urls" in p for p in problems("d", DISCOVERED.replace(
+        "urls: [\"http://lookup-1.example:4161/lookup?topic=orders\"]", "urls: []")))
+    assert any("endpoints.discovery.endpoint" in p and "host" in p for p in problems("e", DISCOVERED.replace(
+        "{address}", "{host}")))
+    assert any("endpoints[0].minPending" in p and ">= 1" in p for p in problems("f", OVERFLOW.replace(
+        "- http://us-east.example/orders", "- {url: http://e.example/o, minPending: 0}")))

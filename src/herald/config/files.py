@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from herald.config.endpoints import UNION_TAGS
 from herald.endpoint import mask_secrets
 
 _ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -121,6 +122,8 @@ def _join(prefix: str, name: str) -> str:
 def _key_path(location: tuple) -> str:
     path = ""
     for part in location:
+        if part in UNION_TAGS:
+            continue  # which form of a union was read: not a key of the file
         path = f"{path}[{part}]" if isinstance(part, int) else _join(path, str(part))
     return path
 

@@ -15,7 +15,6 @@ from functools import cached_property
 from typing import Annotated, Literal
 
 from pydantic import (
-    AfterValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -27,6 +26,14 @@ from pydantic import (
 from pydantic_core import InitErrorDetails
 
 from herald.config.base import Strict
+from herald.config.endpoints import (
+    DiscoveredEndpoints,
+    Discovery,
+    EndpointEntry,
+    Endpoints,
+    Priority,
+    checked_url,
+)
 from herald.config.policies import BATCH_ONLY, SERIAL_ONLY, BatchPolicy, SerialPolicy, delivery_spec_of
 from herald.config.tls import Tls
 from herald.delivery.policy import RetryPolicy
@@ -145,10 +152,6 @@ class Filter(Strict):
                           matching_strategy=self.matchingStrategy)
 
 
-def _url(value: str) -> str:
-    """An endpoint URL, checked (placeholders included); the error masks its password."""
-    Endpoint.parse(value)
-    return value
 
 
 KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -187,19 +190,6 @@ class OAuthPolicy(Strict):
         return self
 
 
-class Priority(Strict):
-    """Which of a subscription's endpoints gets its traffic (docs/design.md §5b; NATS priority groups).
-
-    policy pinned: every attempt goes to ONE endpoint, the pinned one (first in the list at the very start),
-    with a `Herald-Pin-Id` header; it keeps the pin until it has accepted nothing (no 2xx) for `timeoutMs`
-    milliseconds while it had messages to take, or an operator unpins it (`herald unpin`); then the next
-    endpoint in list order is pinned, once the old one's requests have ended.
-    """
-
-    policy: Literal["pinned"]
-    timeoutMs: Annotated[int, Field(ge=1000, le=86_400_000)] = 120_000
-
-
 class Signing(Strict):
     """Standard Webhooks signing (`herald.delivery.signing`): one signature per secret, for key rotation.
     Secrets are normally `${env:NAME}` references; they are never shown."""
@@ -230,7 +220,7 @@ class Subscription(Strict):
     topicName: str
     name: str
     endpoint: str | None = None
-    endpoints: Annotated[list[Annotated[str, AfterValidator(_url)]], Field(min_length=1, max_length=100)] | None = None
+    endpoints: Endpoints | None = None  # URLs, entries with conditions, or discovery
     description: str = ""
     owner: Owner | None = None
     contact: str | None = None
@@ -304,17 +294,22 @@ class Subscription(Strict):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        return _url(value) if value is not None else None
+        return checked_url(value) if value is not None else None
 
     @field_validator("priority")
     @classmethod
     def _priority_over_several_endpoints(cls, value: Priority | None, info: ValidationInfo) -> Priority | None:
         if value is None:
             return value
-        if len(info.data.get("endpoints") or ()) < 2:
-            raise ValueError("a priority policy chooses among endpoints: give at least two in `endpoints`")
+        endpoints = info.data.get("endpoints")
+        if not isinstance(endpoints, DiscoveredEndpoints) and len(endpoints or ()) < 2:
+            raise ValueError("a priority policy chooses among endpoints: give at least two in `endpoints` (or "
+                             "endpoints.discovery)")
         if info.data.get("mode") == "BROADCAST":
             raise ValueError("mode BROADCAST sends every message to every endpoint; a priority policy needs ANYCAST")
+        if value.policy == "overflow" and isinstance(endpoints, list) and all(
+                isinstance(entry, EndpointEntry) and entry.conditional for entry in endpoints):
+            raise ValueError("policy overflow serves the endpoints without conditions first: give at least one")
         return value
 
     @model_validator(mode="after")
@@ -323,6 +318,12 @@ class Subscription(Strict):
             raise ValueError(f"subscriptionPolicy must be a {self.deliveryType} policy")
         if (self.endpoint is None) == (self.endpoints is None):
             raise ValueError("give either endpoint (one URL) or endpoints (a list of URLs)")
+        overflow = self.priority is not None and self.priority.policy == "overflow"
+        for index, entry in enumerate(self.endpoint_entries):
+            for key in ("minPending", "minInflight"):
+                if getattr(entry, key) is not None and not overflow:
+                    raise ValueError(f"endpoints[{index}].{key}: a condition of priority policy overflow; give "
+                                     "`priority: {policy: overflow}` or remove it")
         if self.oAuthPolicy is not None and any(target.user is not None for target in self.targets):
             raise ValueError("oAuthPolicy and user:password@ in an endpoint exclude each other (OAuth sends a "
                              "Bearer token)")
@@ -338,9 +339,23 @@ class Subscription(Strict):
         return self.state == "ACTIVE"
 
     @property
+    def endpoint_entries(self) -> list[EndpointEntry]:
+        """The configured endpoints with their conditions, if any (none when they are discovered)."""
+        if self.endpoint is not None:
+            return [EndpointEntry(url=self.endpoint)]
+        if not isinstance(self.endpoints, list):
+            return []
+        return [entry if isinstance(entry, EndpointEntry) else EndpointEntry(url=entry) for entry in self.endpoints]
+
+    @property
+    def discovery(self) -> Discovery | None:
+        """How its endpoints are discovered (None: they are configured)."""
+        return self.endpoints.discovery if isinstance(self.endpoints, DiscoveredEndpoints) else None
+
+    @property
     def endpoint_urls(self) -> list[str]:
-        """The configured URLs (credentials included: never show them; see `targets`)."""
-        return [self.endpoint] if self.endpoint is not None else list(self.endpoints or [])
+        """The configured URLs (credentials included: never show them; see `targets`); none when discovered."""
+        return [entry.url for entry in self.endpoint_entries]
 
     @property
     def targets(self) -> list[Endpoint]:
