@@ -8,6 +8,7 @@ answer for every valid subscription.
     parser.py     the sub-commands and their options, one function a group
     operating.py  validate, run, suspend/activate, retransmit, maintain
     reading.py    undelivered, metrics, trace, offsets, oauth providers
+    priority.py   unpin, priority (priority groups)
     local.py      broker, publish, demo, jars, schema
     loading.py    the configuration as a command needs it (strict or lenient), problems on stderr
     output.py     aligned rows, JSON, ISO-8601 times

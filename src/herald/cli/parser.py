@@ -6,8 +6,21 @@ import argparse
 from collections.abc import Callable
 
 from herald.cli.local import cmd_broker, cmd_demo, cmd_jars, cmd_publish, cmd_schema
-from herald.cli.operating import cmd_maintain, cmd_retransmit, cmd_run, cmd_state, cmd_validate
-from herald.cli.reading import cmd_metrics, cmd_oauth, cmd_offsets, cmd_trace, cmd_undelivered
+from herald.cli.operating import (
+    cmd_maintain,
+    cmd_retransmit,
+    cmd_run,
+    cmd_state,
+    cmd_validate,
+)
+from herald.cli.priority import cmd_priority, cmd_unpin
+from herald.cli.reading import (
+    cmd_metrics,
+    cmd_oauth,
+    cmd_offsets,
+    cmd_trace,
+    cmd_undelivered,
+)
 
 SUBSCRIPTION_ID = "subscription id: group.topic.name"
 
@@ -34,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = Commands(parser)
     _operating_commands(commands)
     _reading_commands(commands)
+    _priority_commands(commands)
     _local_commands(commands)
     return parser
 
@@ -97,6 +111,18 @@ def _reading_commands(commands: Commands) -> None:
     oauth = commands.add("oauth", cmd_oauth, "OAuth providers of herald.yaml (secrets shown as ******)")
     oauth.add_argument("what", choices=["providers"])
     oauth.add_argument("--json", action="store_true")
+
+
+def _priority_commands(commands: Commands) -> None:
+    """unpin, priority (`herald.cli.priority`)."""
+    unpin = commands.add("unpin", cmd_unpin, "move a pinned subscription's pin to its next endpoint (running, "
+                                             "suspended or offline alike)")
+    unpin.add_argument("id", help=SUBSCRIPTION_ID)
+    unpin.add_argument("--json", action="store_true")
+    priority = commands.add("priority", cmd_priority, "a subscription's priority group: policy, pinned endpoint "
+                                                      "(password masked), pin id, pinned since")
+    priority.add_argument("id", help=SUBSCRIPTION_ID)
+    priority.add_argument("--json", action="store_true")
 
 
 def _local_commands(commands: Commands) -> None:
