@@ -5,12 +5,15 @@ moves to the next one, after the old one's last request ended, with no message l
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from herald import readout
 from herald.config import load_config
 from herald.engine.runner import Runner
 from herald.storage import open_store
+from tests.integration.test_deadletter_e2e import read_back
 from tests.support.herald_env import SUITE_ENGINE, produce, write_conf
 from tests.support.subscriber import Received, Reply, ScriptedSubscriber
 
@@ -25,14 +28,16 @@ def _advisories(conf) -> list[dict]:
 
 def test_a_pin_that_refuses_for_its_timeout_moves_to_the_next_endpoint_losing_nothing(
         broker, spark, topic_name, tmp_path):
-    broker.create_topics({topic_name: 2})
+    advisories_topic = f"{topic_name}.advisories"
+    broker.create_topics({topic_name: 2, advisories_topic: 1})
     produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(40)])
     with ScriptedSubscriber(lambda request: Reply(503)) as primary, ScriptedSubscriber() as standby:
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"orders": {
             "endpoints": [primary.url.replace("http://", "http://ops:pw-primary@") + "/orders",
                           standby.url + "/orders"],
             "priority": {"policy": "pinned", "timeoutMs": 1500},
-            "subscriptionPolicy": {"messageBackoff": 100, "inflightSize": 4, "messageTtl": 300}}})
+            "subscriptionPolicy": {"messageBackoff": 100, "inflightSize": 4, "messageTtl": 300}}},
+            settings={"advisories": {"topic": advisories_topic}})
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
         # a --once run re-drives a parked message once: one the old pin failed again waits for the next run,
         # which keeps the new pin
@@ -45,15 +50,20 @@ def test_a_pin_that_refuses_for_its_timeout_moves_to_the_next_endpoint_losing_no
     assert len(old_pin) == 1 and len(new_pin) == 1 and old_pin != new_pin
     assert max(r.at for r in primary.requests) < min(r.at for r in standby.requests), \
         "no request to the new pin before the old pin's last one"
-    assert primary.requests[-1].at - primary.requests[0].at >= 1.5, "the pin held for its timeout"
     rows = _advisories(conf)
     assert [(row["type"], row["reason"]) for row in rows] == [
         ("pinned", "start"), ("unpinned", "timeout"), ("pinned", "timeout")]
+    assert (rows[1]["timestamp"] - rows[0]["timestamp"]).total_seconds() >= 1.5, "the pin held for its timeout"
     assert rows[0]["endpoint"] == rows[1]["endpoint"] == primary.url.replace("http://", "http://ops:*****@") + \
         "/orders", "the password is masked"
     assert rows[2]["endpoint"] == standby.url + "/orders" and rows[2]["pin_id"] in new_pin
     config = load_config(conf)
     assert readout.undelivered(config, config.subscription(f"{topic_name}.orders"), limit=5) == []
+    published = [json.loads(m.value()) for m in read_back(broker.bootstrap_servers, advisories_topic, 3)]
+    assert [(a["type"], a["reason"]) for a in published] == [
+        ("io.herald.advisory.v1.pinned", "start"), ("io.herald.advisory.v1.unpinned", "timeout"),
+        ("io.herald.advisory.v1.pinned", "timeout")]
+    assert published[2]["pinned_id"] == rows[2]["pin_id"] and "pw-primary" not in str(published)
 
 
 def test_an_ordered_pinned_subscription_keeps_its_order_across_the_switch(broker, spark, topic_name, tmp_path):
@@ -77,7 +87,6 @@ def test_an_ordered_pinned_subscription_keeps_its_order_across_the_switch(broker
 
 
 def test_the_pin_survives_kill_9_and_herald_unpin_moves_it_while_running(broker, topic_name, tmp_path):
-    import json
     import os
     import signal
     import subprocess

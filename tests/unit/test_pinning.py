@@ -141,3 +141,14 @@ def test_a_round_of_an_earlier_pin_changes_nothing_of_the_new_one():
     group.take(group.next_pin(T0))
     assert group.release(old, PinNews(None, T0), T0 + 5000) is None
     assert group.rounds == 0 and group.refused_since_ms is None
+
+
+def test_the_advisory_message_is_shaped_like_nats_consumer_group_advisories():
+    from herald.engine.advisories import advisory_message
+
+    message = advisory_message(Advisory(UNPINNED, "g.t.s", "http://u:*****@h/o", "pin-1", TIMEOUT, T0 + 5))
+    assert message["type"] == "io.herald.advisory.v1.unpinned"
+    assert message["timestamp"] == "2027-01-15T08:00:00.005Z"
+    assert (message["subscription"], message["endpoint"], message["pinned_id"], message["reason"]) == (
+        "g.t.s", "http://u:*****@h/o", "pin-1", "timeout")
+    assert len(message["id"]) == 32

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 
 from herald.config.base import Strict
-from herald.config.model import OAuthPolicy
+from herald.config.model import OAuthPolicy, OnDiscard
 from herald.config.tls import Tls
 from herald.delivery.flow import FlowSettings
 from herald.delivery.oauth import TokenSource
@@ -176,6 +176,11 @@ class OAuthProvider(Strict):
             request_timeout_s=self.requestTimeout / 1000, socket_timeout_s=self.socketTimeout / 1000)
 
 
+class AdvisoriesSettings(OnDiscard):
+    """A Kafka topic that gets every priority advisory (a pin given or given up) as JSON, besides the
+    `advisories` table (`herald.engine.advisories`)."""
+
+
 class HeraldSettings(Strict):
     kafka: KafkaSettings
     storage: StorageSettings
@@ -186,6 +191,7 @@ class HeraldSettings(Strict):
     rateControl: RateControlSettings = RateControlSettings()
     metrics: MetricsSettings = MetricsSettings()
     oauthProviders: list[OAuthProvider] = Field(default_factory=list)
+    advisories: AdvisoriesSettings | None = None
 
     @field_validator("oauthProviders")
     @classmethod

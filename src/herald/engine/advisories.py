@@ -43,6 +43,8 @@ class AdvisoryPublisher:
         self._producer = Producer({**client_config, "enable.idempotence": True, "delivery.timeout.ms": 30_000})
 
     def __call__(self, advisory: Advisory) -> None:
+        if self._producer is None:
+            return  # closed: the job is stopping (the advisory is in the table)
         def delivered(error, message) -> None:
             if error is not None:
                 log.error("advisory %s of %s could not be published to %s: %s (it is in the advisories table)",
@@ -53,4 +55,7 @@ class AdvisoryPublisher:
         self._producer.poll(0)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.flush(timeout_s)
+        """Publish what is queued (at most `timeout_s` seconds), then let the producer go."""
+        if self._producer is not None:
+            self._producer.flush(timeout_s)
+            self._producer = None

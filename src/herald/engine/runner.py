@@ -58,6 +58,7 @@ class Runner:
         self.moves = None
         self.exporter = None
         self.dead_letters = None
+        self.advisories = None  # the advisories Kafka topic's publisher (herald.yaml `advisories`)
         self._metrics_port = metrics_port if metrics_port is not None else config.settings.metrics.prometheusPort
         self._started_ms = 0
         self.lease: StorageLease | None = None
@@ -77,21 +78,26 @@ class Runner:
         context = EngineContext(self.spark, self.config, connector, store, TableWriter(store), once=once)
         context.catchup_slots = threading.Semaphore(max(1, context.parallelism // 2))
         active = self.config.active_subscriptions(self.only)
-        context.priority.configure(active)  # the pins, first ones recorded, before any round asks for them
+        self.retries = retries = RetryDriver(context, once=once, live_state=self._live_state)
+        self.context = context
+        self.topics = topics = Topics(context, self.config, self.only, StateBook(store, context.writer),
+                                      QuerySupervisor(once), retries)
+        context.priority.wakers.extend([retries.wake, topics.wake_catchups])
+        if settings.advisories is not None:
+            from herald.engine.advisories import AdvisoryPublisher
+
+            self.advisories = AdvisoryPublisher(context.client_config, settings.advisories.topic)
+            context.priority.listeners.append(self.advisories)
+        if self._metrics_port is not None:
+            self._start_exporter(context)
+        self._ensure_dead_letters()
+        context.priority.configure(active)  # the pins (first ones recorded and told) before any round asks
         if not once:  # a --once run sees no configuration change
             self.control = ControlServer(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
             self.control.publish(active, context.priority.pin_ids())
             self.control.start()
             context.control_url = self.control.url
             context.priority.listeners.append(lambda advisory: self._publish_control())
-        self.retries = retries = RetryDriver(context, once=once, live_state=self._live_state)
-        self.context = context
-        self.topics = topics = Topics(context, self.config, self.only, StateBook(store, context.writer),
-                                      QuerySupervisor(once), retries)
-        context.priority.wakers.extend([retries.wake, topics.wake_catchups])
-        if self._metrics_port is not None:
-            self._start_exporter(context)
-        self._ensure_dead_letters()
         handed = {(move.subscription, move.move_id) for move in unapplied_moves(store) if topics.apply_move(move)}
         retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
         retries.set_active(active)
@@ -290,6 +296,8 @@ class Runner:
             self.exporter.stop()
         if self.dead_letters is not None:
             self.dead_letters.close(max(10.0, deadline - time.monotonic()))
+        if self.advisories is not None:
+            self.advisories.close(max(5.0, deadline - time.monotonic()))
         if self.control is not None:
             self.control.stop()
         if self.lease is not None:
