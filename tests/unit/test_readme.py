@@ -11,6 +11,7 @@ import annotated_types as at
 import pytest
 from pydantic import BaseModel
 
+from herald.config.endpoints import Priority
 from herald.config.policies import BatchPolicy, SerialPolicy
 from herald.config.settings import HeraldSettings
 
@@ -58,13 +59,16 @@ def limits_of(model: type[BaseModel], name: str) -> str:
     return f"<= {high}" if high else ""
 
 
-@pytest.mark.parametrize("marker, policy", [("defaults-table", SerialPolicy), ("batch-defaults-table", BatchPolicy)])
+@pytest.mark.parametrize("marker, policy", [("defaults-table", SerialPolicy), ("batch-defaults-table", BatchPolicy),
+                                            ("priority-table", Priority)])
 def test_every_policy_option_is_documented_with_its_default_and_limits(marker, policy):
     rows = readme_table(marker, 4)
     assert set(rows) == set(policy.model_fields)
     for name, (default, limits, _) in rows.items():
-        expected = policy.model_fields[name].default
-        shown = str(expected).lower() if isinstance(expected, bool) else number(expected)
+        info = policy.model_fields[name]
+        expected = info.default
+        shown = ("(required)" if info.is_required() else "none" if expected is None
+                 else str(expected).lower() if isinstance(expected, bool) else number(expected))
         assert default == shown, f"{name}: README says {default}, code says {shown}"
         assert re.sub(r"\s+", " ", limits) == limits_of(policy, name), f"{name}: README limits {limits!r}"
 
