@@ -71,8 +71,12 @@ _LIFETIME = {
 
 def metrics(config: HeraldConfig, subscription: Subscription, with_lag: bool = False,
             now_ms: int | None = None) -> dict[str, Any]:
-    """Lifetime counts summed over every round (micro-batch, catch-up or retry round); `inflight`, `rate` and
-    `flow` are the last round's. `rate` is attempts per second, `lastBatchAt` epoch milliseconds.
+    """Lifetime counts summed over every round (micro-batch, catch-up or retry round); `inflight`, `pending`,
+    `rate` and `flow` are the last round's. `rate` is attempts per second, `lastBatchAt` epoch milliseconds.
+    `inflight`: the most messages in flight at once in a task of that round (admitted and not yet delivered,
+    discarded, parked or carried: being attempted or waiting for a retry). `pending`: its messages read or
+    readable and not yet delivered or discarded when the round was planned (its Kafka lag as the job knew it,
+    plus its parked messages). Priority overflow compares them with an endpoint's `minInflight` / `minPending`.
 
     Unlike Hermes' per-second gauges, timeouts/otherErrors/codes* are lifetime counts of attempts; Hermes'
     per-second figures over the last minute are in `lastMinute`. With `with_lag`, `lag` gives per partition
@@ -87,6 +91,7 @@ def metrics(config: HeraldConfig, subscription: Subscription, with_lag: bool = F
             result[name] = sum(row.get(column) or 0 for row in rows)
     last = max(rows, key=_newest("finished_at"), default=None)
     result["inflight"] = last["inflight"] if last else 0
+    result["pending"] = (last.get("pending") or 0) if last else 0
     result["rate"] = round(last["rate"], 3) if last else 0.0
     result["flowMode"] = last["flow_mode"] if last else None
     result["flowRate"] = last["flow_rate"] if last else None

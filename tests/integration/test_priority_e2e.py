@@ -138,3 +138,25 @@ def test_the_pin_survives_kill_9_and_herald_unpin_moves_it_while_running(broker,
     state = json.loads(shown.stdout)
     assert state["endpoint"] == standby.url + "/orders" and state["pin_reason"] == "admin"
     assert state["pin_id"] in {r.headers["Herald-Pin-Id"] for r in standby.requests}
+
+
+def test_an_overflow_endpoint_takes_a_share_of_a_large_backlog_only(broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(300)])
+    with ScriptedSubscriber(lambda r: Reply(delay_ms=10)) as east, ScriptedSubscriber() as west:
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"orders": {
+            "endpoints": [east.url + "/orders", {"url": west.url + "/orders", "minPending": 100}],
+            "priority": {"policy": "overflow"}, "subscriptionPolicy": {"inflightSize": 10}}})
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        assert west.requests, "a backlog of 300 reaches minPending 100: the overflow endpoint takes a share"
+        assert max(r.json()["i"] for r in west.requests) < 300 - 100 + 10, \
+            "once fewer than 100 are pending, only the first endpoint is served (10 in flight may straddle it)"
+        assert sorted(r.json()["i"] for r in east.requests + west.requests) == list(range(300))
+        served_before = len(west.requests)
+        produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(300, 320)])
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    assert len(west.requests) == served_before, "a backlog of 20: nothing for the overflow endpoint"
+    assert {r.json()["i"] for r in east.requests} >= set(range(300, 320))
+    config = load_config(conf)
+    shown = readout.metrics(config, config.subscription(f"{topic_name}.orders"))
+    assert shown["pending"] == 20, "herald metrics shows the pending messages of the last round"

@@ -42,7 +42,7 @@ def lane_plan(url: str, **overrides) -> LanePlan:
                   request_timeout_s=spec.request_timeout_s, socket_timeout_s=spec.socket_timeout_s,
                   sending_delay_s=spec.sending_delay_s, flow_settings=FlowSettings(), flow_state=FlowState(),
                   avro=False, ordered=False, starts={}, resume={}, positional=True, tracking="off", signing_keys=(),
-                  targets=(), broadcast=False, oauth=None, batch=None, version="", tls=None, pin=None)
+                  targets=(), broadcast=False, oauth=None, batch=None, version="", tls=None, pin=None, pending=0)
     values.update(overrides)
     return LanePlan(**values)
 

@@ -5,8 +5,15 @@ attempt goes to."""
 from __future__ import annotations
 
 from herald.delivery.batcher import Batcher
-from herald.delivery.choice import EveryEndpoint, OneEndpoint, RoundRobin, endpoint_choice
+from herald.delivery.choice import (
+    EveryEndpoint,
+    OneEndpoint,
+    Overflow,
+    RoundRobin,
+    endpoint_choice,
+)
 from herald.delivery.message import Record, RetryState, TargetState
+from herald.delivery.plan import Target
 from herald.delivery.spec import BatchSpec
 from herald.delivery.unit import MessageUnit
 
@@ -75,8 +82,37 @@ def test_a_batch_carried_closed_is_rebuilt_to_its_last_offset_even_when_that_mes
     assert [(b.first_offset, b.last_offset, len(b.records)) for b in closed] == [(10, 13, 3)]
 
 
+ENDPOINTS = (Target("http://a/"), Target("http://b/"), Target("http://c/"))
+
+
+def NO_LOAD() -> tuple[int, int]:  # noqa: N802 - a constant-like callable
+    return 0, 0
+
+
+def test_overflow_serves_conditional_endpoints_only_while_the_backlog_or_the_flight_reaches_them():
+    load = {"pending": 10, "in_flight": 0}
+    targets = (Target("http://east/"), Target("http://west/", min_pending=1000, min_inflight=50),
+               Target("http://south/", min_inflight=5))
+    choice = endpoint_choice(targets, broadcast=False, load=lambda: (load["pending"], load["in_flight"]))
+    assert isinstance(choice, Overflow) and choice.width == 1
+    units = [MessageUnit(rec(0, n), NOW, NOW) for n in range(4)]
+    assert [choice.pick(unit) for unit in units] == [0, 0, 0, 0], "a small backlog: the first endpoint only"
+    units[0].attempts = 1
+    assert choice.pick(units[0]) == 0, "a retry stays among the endpoints served"
+    load["pending"] = 1000
+    assert sorted(choice.pick(MessageUnit(rec(0, n), NOW, NOW)) for n in range(10, 14)) == [0, 0, 1, 1], \
+        "a backlog of minPending: west takes turns with east"
+    load["in_flight"] = 5
+    assert sorted({choice.pick(MessageUnit(rec(0, n), NOW, NOW)) for n in range(20, 26)}) == [0, 1, 2]
+    retried = MessageUnit(rec(0, 30), NOW, NOW)
+    retried.target, retried.attempts = 2, 1
+    assert choice.pick(retried) == 0, "a retry goes to the next endpoint served after its last, wrapping round"
+    load["pending"], load["in_flight"] = 999, 4
+    assert {choice.pick(MessageUnit(rec(0, n), NOW, NOW)) for n in range(40, 46)} == {0}, "the backlog fell back"
+
+
 def test_round_robin_sends_first_attempts_to_the_next_endpoint_and_each_retry_to_the_one_after_its_last():
-    choice = endpoint_choice(3, broadcast=False)
+    choice = endpoint_choice(ENDPOINTS, broadcast=False, load=NO_LOAD)
     assert isinstance(choice, RoundRobin) and choice.width == 1
     units = [MessageUnit(rec(0, n), NOW, NOW) for n in range(4)]
     assert [choice.pick(unit) for unit in units] == [0, 1, 2, 0]
@@ -85,11 +121,11 @@ def test_round_robin_sends_first_attempts_to_the_next_endpoint_and_each_retry_to
     resumed = MessageUnit(rec(0, 9), NOW, NOW)
     resumed.attempts = 2  # continues from an earlier round: its first attempt here is its third
     assert choice.pick(resumed) == 1 and choice.pick(MessageUnit(rec(0, 10), NOW, NOW)) == 2
-    assert isinstance(endpoint_choice(1, broadcast=False), OneEndpoint)
+    assert isinstance(endpoint_choice(ENDPOINTS[:1], broadcast=False, load=NO_LOAD), OneEndpoint)
 
 
 def test_broadcast_spreads_a_message_over_every_endpoint_or_those_its_state_has_not_reached():
-    choice = endpoint_choice(3, broadcast=True)
+    choice = endpoint_choice(ENDPOINTS, broadcast=True, load=NO_LOAD)
     assert isinstance(choice, EveryEndpoint) and choice.width == 3
     assert [index for index, _ in choice.spread(None)] == [0, 1, 2]
     state = RetryState(attempts=4, first_read_ms=NOW_MS, due_ms=NOW_MS,

@@ -11,7 +11,7 @@ import annotated_types as at
 import pytest
 from pydantic import BaseModel
 
-from herald.config.endpoints import Priority
+from herald.config.endpoints import EndpointEntry, Priority
 from herald.config.policies import BatchPolicy, SerialPolicy
 from herald.config.settings import HeraldSettings
 
@@ -60,7 +60,7 @@ def limits_of(model: type[BaseModel], name: str) -> str:
 
 
 @pytest.mark.parametrize("marker, policy", [("defaults-table", SerialPolicy), ("batch-defaults-table", BatchPolicy),
-                                            ("priority-table", Priority)])
+                                            ("priority-table", Priority), ("endpoint-entry-table", EndpointEntry)])
 def test_every_policy_option_is_documented_with_its_default_and_limits(marker, policy):
     rows = readme_table(marker, 4)
     assert set(rows) == set(policy.model_fields)

@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from herald.delivery.message import RetryState
+from herald.delivery.plan import Target
 from herald.delivery.unit import Unit
 
 Spread = list[tuple[int | None, RetryState | None]]
@@ -45,6 +48,36 @@ class RoundRobin(OneEndpoint):
         return (unit.target + unit.attempts) % self.count
 
 
+class Overflow(OneEndpoint):
+    """Priority overflow (NATS' `overflow` policy, for push): the endpoints without conditions are always
+    served; one with conditions only while the subscription's pending messages reach its `min_pending` or its
+    messages in flight reach its `min_inflight` (either suffices). `load()` gives (pending, in flight) now.
+    First attempts take turns among the endpoints served now; each retry goes to the next one served after the
+    endpoint of its last attempt."""
+
+    def __init__(self, targets: Sequence[Target], load: Callable[[], tuple[int, int]]) -> None:
+        self.targets = tuple(targets)
+        self.load = load
+        self._next = 0
+
+    def served(self) -> list[int]:
+        """The endpoints served now, in list order (never empty: validate requires one without conditions)."""
+        pending, in_flight = self.load()
+        return [index for index, target in enumerate(self.targets) if not target.conditional
+                or (target.min_pending is not None and pending >= target.min_pending)
+                or (target.min_inflight is not None and in_flight >= target.min_inflight)]
+
+    def pick(self, unit: Unit) -> int:
+        served = self.served()
+        if unit.target < 0:
+            index = served[self._next % len(served)]
+            self._next += 1
+        else:
+            index = next((i for i in served if i > unit.target), served[0])
+        unit.target = index
+        return index
+
+
 class EveryEndpoint:
     """BROADCAST: one unit per endpoint the message has not reached yet (every endpoint, unless it continues
     with some reached), each attempted at its own endpoint."""
@@ -63,8 +96,12 @@ class EveryEndpoint:
         return unit.target
 
 
-def endpoint_choice(count: int, broadcast: bool) -> OneEndpoint | EveryEndpoint:
-    """The strategy for a lane with `count` endpoints."""
+def endpoint_choice(targets: Sequence[Target], broadcast: bool,
+                    load: Callable[[], tuple[int, int]]) -> OneEndpoint | EveryEndpoint:
+    """The strategy for a lane with these endpoints; `load()`: (pending, in flight), for overflow endpoints."""
+    count = len(targets)
     if broadcast:
         return EveryEndpoint(count)
+    if any(target.conditional for target in targets):
+        return Overflow(targets, load)
     return RoundRobin(count) if count > 1 else OneEndpoint()

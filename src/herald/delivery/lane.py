@@ -82,10 +82,16 @@ class Lane:
         self._tokens = tokens
         self._tracing = plan.tracks_all  # records INFLIGHT, FAILED, SUCCESS and FILTERED steps (DISCARDED: the
         # driver, from the discards, for discardedOnly too)
-        self.choice = endpoint_choice(len(self._targets), plan.broadcast)
+        self.choice = endpoint_choice(self._targets, plan.broadcast, self._load)
         self.assembly = assembly_for(plan, self._targets, self.choice, self, flush)
         self._batched = self.assembly.tracks_reads  # batches close on time: dispatch looks at their times
         self.pin = PinWatch(plan.pin) if plan.pin is not None else None  # priority pinned: the endpoint's answers
+
+    def _load(self) -> tuple[int, int]:
+        """(pending, in flight) for overflow endpoints: the subscription's pending messages when the round was
+        planned less those this lane ended since, and the messages this lane holds in flight."""
+        ended = self.counters.delivered + self.counters.discarded
+        return max(0, self.plan.pending - ended), self.assembly.in_flight
 
     # -- what the assembly says -------------------------------------------------------------------------------
     def created(self, unit: Unit) -> None:

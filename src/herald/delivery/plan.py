@@ -26,6 +26,12 @@ class Target:
     url: str
     authorization: str | None = field(default=None, repr=False)
     shown: str = ""  # the URL as people see it: user kept, password masked (tables, logs)
+    min_pending: int | None = None  # priority overflow: served only while the subscription's pending messages
+    min_inflight: int | None = None  # reach min_pending or its messages in flight reach min_inflight
+
+    @property
+    def conditional(self) -> bool:
+        return self.min_pending is not None or self.min_inflight is not None
 
     @property
     def templated(self) -> bool:
@@ -66,6 +72,8 @@ class LanePlan:
         (`herald.delivery.control`).
     tls: whom its https attempts trust and the client certificate they show (None: certifi's CAs, none shown);
         its repr never shows the key's passphrase.
+    pending: the subscription's pending messages when the round was planned (its lag as the job knows it, plus
+        its parked messages): what an overflow endpoint's `min_pending` is compared with (`herald.delivery.choice`).
     pin: priority pinned: the pin the round got (`targets` is then the pinned endpoint alone, and
         `header_lines` carry its Herald-Pin-Id); the lane watches the endpoint's answers (`herald.delivery.pin`).
     """
@@ -95,6 +103,7 @@ class LanePlan:
     version: str
     tls: TlsSettings | None
     pin: PinPlan | None
+    pending: int
 
     @property
     def tracks_all(self) -> bool:
@@ -103,14 +112,17 @@ class LanePlan:
     def share(self, tasks: int, task_index: int) -> LanePlan:
         """What task `task_index` of `tasks` gets (NSQ: the shares never sum to more than the whole): inflight
         split evenly with the remainder to the first tasks, the rate and the controller's rates evenly, and a
-        heartbeat probe that many times less often."""
+        heartbeat probe that many times less often. An overflow endpoint's `min_inflight` is split too (the
+        task's messages in flight are its share of the subscription's)."""
         if tasks <= 1:
             return self
         inflight = self.inflight // tasks + (1 if task_index < self.inflight % tasks else 0)
         settings = replace(self.flow_settings, slow_rate_per_s=self.flow_settings.slow_rate_per_s / tasks,
                            heartbeat_interval_s=self.flow_settings.heartbeat_interval_s * tasks)
+        targets = tuple(replace(target, min_inflight=-(-target.min_inflight // tasks))
+                        if target.min_inflight is not None else target for target in self.targets)
         return replace(self, inflight=inflight, rate_per_s=self.rate_per_s / tasks, flow_settings=settings,
-                       flow_state=self.flow_state.share(tasks))
+                       flow_state=self.flow_state.share(tasks), targets=targets)
 
 
 @dataclass(frozen=True)

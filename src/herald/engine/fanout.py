@@ -43,7 +43,8 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
     offsets of it Kafka deleted before they were read (recorded for each participant whose range held them)."""
     results = []
     for participant in participants:
-        outcome = SubscriptionOutcome(participant.state.subscription, counters=LaneCounters())
+        outcome = SubscriptionOutcome(participant.state.subscription, counters=LaneCounters(),
+                                      pending=participant.plan.pending)
         flow_states, pin_news = [], []
         for report in reports:
             lane = report.lanes.get(participant.index)

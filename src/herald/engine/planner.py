@@ -51,11 +51,16 @@ def header_lines(subscription: Subscription) -> tuple[str, ...]:
 
 
 def targets(subscription: Subscription) -> tuple[Target, ...]:
-    """The subscription's endpoints with the Authorization line of their credentials (never log them)."""
-    return tuple(
-        Target(endpoint.url, f"{AUTHORIZATION}: {basic_authorization(endpoint.user, endpoint.password or '')}"
-               if endpoint.user is not None else None, endpoint.masked)
-        for endpoint in subscription.targets)
+    """The subscription's endpoints with the Authorization line of their credentials (never log them), and an
+    overflow endpoint's conditions."""
+    overflow = subscription.priority is not None and subscription.priority.policy == "overflow"
+    chosen = []
+    for entry, endpoint in zip(subscription.endpoint_entries, subscription.targets):
+        authorization = (f"{AUTHORIZATION}: {basic_authorization(endpoint.user, endpoint.password or '')}"
+                         if endpoint.user is not None else None)
+        chosen.append(Target(endpoint.url, authorization, endpoint.masked,
+                             entry.minPending if overflow else None, entry.minInflight if overflow else None))
+    return tuple(chosen)
 
 
 def split_inflight(inflight: int, parked: int) -> tuple[int, int]:
@@ -120,4 +125,5 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         version=version_of(subscription) if pin is None else pinned_version(version_of(subscription), pin.pin_id),
         tls=subscription.tls.settings() if subscription.tls is not None else None,  # in force: load_config merged it
         pin=pin_plan,
+        pending=state.pending(parked),
     )

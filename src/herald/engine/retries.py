@@ -246,6 +246,9 @@ class RetryDriver:
                 flow = live[1].flow if live else FlowState()
                 flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
                 state = SubscriptionState(subscription, flow=flow)
+                if live is not None:  # its lag counts in its pending messages (priority overflow)
+                    with live[0]:
+                        state.positions, state.topic_end = dict(live[1].positions), dict(live[1].topic_end)
                 plan = lane_plan(state, context.flow_settings, len(messages), retries=True,
                                  providers=context.oauth_providers, pin=pins[subscription.id])
                 lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
@@ -265,7 +268,7 @@ class RetryDriver:
             self._hand_back_flow(subscription.id, lane.flow_state)
             self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
             outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
-                                          discarded=lane.discarded, traced=lane.traced)
+                                          discarded=lane.discarded, traced=lane.traced, pending=lanes[index].pending)
             self._resolve(subscription.id, due[subscription.id], lane, outcome)
             result.outcomes.append(outcome)
         steps.record(context, result, time.monotonic() - started)  # its parked messages: `_resolve` kept them

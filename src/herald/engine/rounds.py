@@ -67,6 +67,7 @@ class SubscriptionOutcome:
     ended_carried: list[tuple[int, int, str]] = field(default_factory=list)
     lost: list[tuple[int, int, int]] = field(default_factory=list)
     pin_news: PinNews | None = None
+    pending: int = 0  # its pending messages when the round was planned (`LanePlan.pending`)
 
 
 @dataclass
@@ -216,7 +217,7 @@ def _metrics(result: RoundResult) -> pa.Table:
             "started_at": at_ms(counters.started_ms or None), "finished_at": at_ms(counters.finished_ms or None),
             "parked": counters.parked, "kind": result.kind, "writer": result.writer,
             "batches_delivered": counters.batches_delivered, "batches_discarded": counters.batches_discarded,
-            "lost": counters.lost,
+            "lost": counters.lost, "pending": outcome.pending,
         })
     return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
 

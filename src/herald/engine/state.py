@@ -36,6 +36,8 @@ class SubscriptionState:
     pending_moves: operators' moves (retransmissions) to apply once that round is over, in order.
     idle: its last catch-up round could do nothing (a held message's retry not due, an open batch not full): no
         round runs for it until the shared query's position moves past that frontier or that time comes.
+    topic_end: partition -> the end of what its topic's query has read (or is about to deliver): with the
+        positions, its Kafka lag as far as the job knows it (`pending`).
     """
 
     subscription: Subscription
@@ -48,10 +50,18 @@ class SubscriptionState:
     last_served_s: float = 0.0
     pending_moves: list = field(default_factory=list)  # herald.engine.moves.Move asked for during a round
     idle: tuple[dict[int, int], int] | None = None  # (frontier, epoch ms): its last catch-up round moved nothing
+    topic_end: dict[int, int] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
         return self.subscription.id
+
+    def pending(self, parked: int) -> int:
+        """Messages read or readable and not yet delivered or discarded: its lag (the topic's end as the job
+        knows it, less its positions; what it holds at or past its position, carried, is in there) plus its
+        `parked` messages, which stand outside the position."""
+        lag = sum(max(0, end - self.positions.get(partition, end)) for partition, end in self.topic_end.items())
+        return lag + parked
 
     def live_carried(self) -> dict[tuple[int, int], RetryState]:
         """Carried states still ahead of the position (a message the position passed has reached its end)."""

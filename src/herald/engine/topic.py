@@ -78,6 +78,7 @@ class TopicPipeline:
     def add(self, state: SubscriptionState) -> None:
         with self.lock:
             state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
+            state.topic_end = self.frontier or {}
             self.states[state.id] = state
 
     def remove(self, subscription_id: str) -> SubscriptionState | None:
@@ -138,6 +139,7 @@ class TopicPipeline:
         with self.lock:
             self.frontier = frontier
             for state in self.states.values():
+                state.topic_end = frontier
                 if not state.busy:  # a round delivering it (catch-up, on a restart) sets it when it ends
                     state.catching_up = behind(state.positions, frontier)
         raw = open_kafka_stream(
@@ -220,9 +222,11 @@ class TopicPipeline:
             return
         started = time.monotonic()
         with self.lock:
+            ends = {partition: end for partition, (_, end) in ranges.items()}
             for state in self.states.values():
                 for partition in ranges:  # a partition added to the topic: every subscription from its start
                     state.positions.setdefault(partition, 0)
+                state.topic_end = ends
             subscriptions = self.subscriptions
             participants = self._participants(subscriptions, ranges)
             self.batch_in_progress = True
@@ -258,6 +262,7 @@ class TopicPipeline:
         """(lock held) The query is now at the end of `ranges`; the subscriptions behind it catch up."""
         self.frontier = {p: e for p, (_, e) in ranges.items()}
         for state in self.states.values():  # stopped early, or added (activated) during the batch
+            state.topic_end = self.frontier
             if not state.busy and not state.catching_up and behind(state.positions, self.frontier):
                 state.catching_up = True
 

@@ -83,6 +83,7 @@ METRICS_SCHEMA = pa.schema([
     ("batches_delivered", pa.int64()),  # BATCH subscriptions: batches delivered and discarded in the round
     ("batches_discarded", pa.int64()),  # (their messages count in delivered and discarded)
     ("lost", pa.int64()),  # offsets of its range Kafka deleted (retention) before they were read
+    ("pending", pa.int64()),  # when the round was planned: its lag as the job knew it plus its parked messages
 ])
 
 RETRIES_SCHEMA = pa.schema([
