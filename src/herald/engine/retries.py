@@ -27,7 +27,7 @@ from herald.delivery.report import Parked
 from herald.delivery.sender import TaskSender
 from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext, now_ms
-from herald.engine.pinning import PinNews
+from herald.engine.pinning import Pin, PinNews
 from herald.engine.planner import lane_plan
 from herald.engine.priority import HELD
 from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row
@@ -202,10 +202,13 @@ class RetryDriver:
                 state.flow = FlowState(flow.mode, flow.rate_per_s if flow.mode is not FlowMode.NORMAL else None,
                                        state.flow.next_permit_ms)
 
-    def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome) -> None:
+    def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome,
+                 pin_lost: bool = False) -> None:
         """Record what the round did to each of a subscription's `due` messages, and only that: delivered or
         discarded (it leaves the registry with a terminal row), attempted and still retrying (parked again
-        with its new state), or never attempted (a stop came first: it stays parked as it was, no row)."""
+        with its new state), or never attempted (a stop came first: it stays parked as it was, no row).
+        `pin_lost`: the round's pinned endpoint lost its pin meanwhile: a `--once` run re-drives its messages
+        again, at the next pin."""
         delivered = set(lane.delivered)
         ended = {(item.partition, item.offset) for item in lane.discarded}
         again = {(item.record.partition, item.record.offset): item for item in lane.parked}
@@ -216,7 +219,7 @@ class RetryDriver:
                 item = again.get(key)
                 if item is not None:  # some endpoint still to reach, or still retrying
                     if item.state.attempts != message.state.attempts or item.state.targets != message.state.targets:
-                        if self.once:
+                        if self.once and not pin_lost:
                             self._tried.add((subscription_id, *key))
                         outcome.parked.append(item)
                         if key in registry:
@@ -263,13 +266,16 @@ class RetryDriver:
                 context.priority.release(subscription.id, pins[subscription.id], news)
         batch_id = next(self._rounds)
         result = RoundResult(RETRY, f"retry:{context.run_id}", batch_id, "", context.cluster)
+        current_pins = context.priority.pin_ids()
         for index, subscription in enumerate(subscriptions):
             lane = report.lanes[index]
             self._hand_back_flow(subscription.id, lane.flow_state)
             self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
             outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
                                           discarded=lane.discarded, traced=lane.traced, pending=lanes[index].pending)
-            self._resolve(subscription.id, due[subscription.id], lane, outcome)
+            pin = pins[subscription.id]
+            pin_lost = isinstance(pin, Pin) and current_pins.get(subscription.id) != pin.pin_id
+            self._resolve(subscription.id, due[subscription.id], lane, outcome, pin_lost)
             result.outcomes.append(outcome)
         steps.record(context, result, time.monotonic() - started)  # its parked messages: `_resolve` kept them
         ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
