@@ -49,3 +49,15 @@ if lag is not None:
 
 metrics_figure = herald_notebooks.plot_metrics(metrics, lag=lag)
 display(metrics_figure)
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Priority advisories
+# MAGIC
+# MAGIC Pinned subscriptions: every pin given and given up (`pinned` / `unpinned`, with the endpoint, the pin id
+# MAGIC and why: `start`, `timeout`, `admin`, `endpoint removed`), in the window.
+
+# COMMAND ----------
+
+display(herald_notebooks.advisories_frame(storage_path, subscription, window_hours, spark=spark))

@@ -10,6 +10,8 @@ The demo subscriber answers like a real, somewhat unreliable service:
 - the first batch (a JSON array, from a BATCH subscription) fails its first attempt with 503; it is then
   retried whole, with the same Hermes-Batch-Id (failing more batches would make flow control slow a
   subscription of a few batches down to a probe a minute, as Hermes does);
+- the shipping primary (path /shipping-primary) is down: it answers 503 to everything, so the pinned
+  subscription's pin moves to the standby after its timeoutMs;
 - everything else gets 200.
 """
 
@@ -45,7 +47,7 @@ class DemoSubscriber:
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
-    def answer(self, message_id: str, order: dict | list) -> tuple[int, dict[str, str]]:
+    def answer(self, message_id: str, order: dict | list, path: str = "") -> tuple[int, dict[str, str]]:
         with self._lock:
             self.attempts[message_id] += 1
             first_attempt = self.attempts[message_id] == 1
@@ -53,6 +55,8 @@ class DemoSubscriber:
             self._failed_a_batch = self._failed_a_batch or fails_the_batch
         if isinstance(order, list):  # a batch
             return (503, {}) if fails_the_batch else (200, {})
+        if path == "/shipping-primary":  # down for the whole demo
+            return 503, {}
         number = int(order.get("order", {}).get("number", 0))
         if order.get("poison"):
             return 400, {}
@@ -79,7 +83,7 @@ class DemoSubscriber:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 message_id = self.headers.get("Hermes-Message-Id") or self.headers.get("Hermes-Batch-Id", "")
                 try:
-                    status, headers = subscriber.answer(message_id, json.loads(body))
+                    status, headers = subscriber.answer(message_id, json.loads(body), self.path)
                 except (ValueError, KeyError, TypeError, AttributeError):
                     status, headers = 400, {}
                 with subscriber._lock:
@@ -144,7 +148,7 @@ def run_demo(conf_dir: Path) -> int:
         code = runner.run(once=True)
         runner.spark.stop()  # its Python workers keep Kafka consumers: stop them before the broker goes down
         _report(config, subscriber)
-        print(f"\nTables (Delta) under {storage / 'tables'}: undelivered, metrics, offsets, retries")
+        print(f"\nTables (Delta) under {storage / 'tables'}: undelivered, metrics, offsets, retries, advisories")
         print(f"Read them with: herald undelivered --conf {conf_dir} ID --limit 5 | herald metrics ... | "
               f"herald offsets ...")
         return code
@@ -173,7 +177,10 @@ def _report(config: HeraldConfig, subscriber: DemoSubscriber | None) -> None:
             print(f"- {subscription.id}: SUSPENDED, not run")
             continue
         metrics = readout.metrics(config, subscription)
-        print(f"- {subscription.id} -> {subscription.target.masked}")
+        pinned = subscription.priority is not None and subscription.priority.policy == "pinned"
+        advisories = readout.advisories(config, subscription) if pinned else []
+        shown = [a["endpoint"] for a in advisories if a["type"] == "pinned"][-1:] or [subscription.target.masked]
+        print(f"- {subscription.id} -> {'pinned now: ' if pinned else ''}{shown[0]}")
         if subscription.deliveryType == "BATCH":  # attempts are batches; delivered and discarded, messages
             retried = metrics["attempts"] - metrics["batchesDelivered"] - metrics["batchesDiscarded"]
             print(f"    delivered {metrics['delivered']} in {metrics['batchesDelivered']} batch(es), retried "
@@ -186,6 +193,9 @@ def _report(config: HeraldConfig, subscriber: DemoSubscriber | None) -> None:
               f"timeouts {metrics['timeouts']}, other errors {metrics['otherErrors']}")
         for row in readout.undelivered(config, subscription, limit=3):
             print(f"    undelivered: partition {row['partition']} offset {row['offset']}: {row['reason']}")
+        for advisory in advisories:
+            print(f"    {advisory['type']} {advisory['endpoint']} (pin id {advisory['pin_id'][:8]}..., "
+                  f"{advisory['reason']})")
     if subscriber is not None:
         print(f"Demo subscriber saw {sum(subscriber.answers.values())} request(s): "
               + ", ".join(f"{count} x {status}" for status, count in sorted(subscriber.answers.items())))

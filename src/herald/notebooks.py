@@ -20,7 +20,7 @@ import json
 import pandas as pd
 
 from herald.storage.store import DeltaRsStore, table_root
-from herald.storage.tables import METRICS, TRACKING, UNDELIVERED
+from herald.storage.tables import ADVISORIES, METRICS, TRACKING, UNDELIVERED
 
 ALL = "all"
 """The subscription widget's value for every subscription."""
@@ -70,6 +70,15 @@ def tracking_frame(storage_path: str, subscription: str = ALL, window_hours: flo
                    now: dt.datetime | None = None) -> pd.DataFrame:
     """Tracked steps (trackingAll / discardedOnly) of one subscription (or `ALL`), oldest first."""
     return _window(read_table(storage_path, TRACKING, spark), subscription, "timestamp", window_hours, now)
+
+
+def advisories_frame(storage_path: str, subscription: str = ALL, window_hours: float | None = None, spark=None,
+                     now: dt.datetime | None = None) -> pd.DataFrame:
+    """Priority advisories (pins given and given up, endpoints masked) of one subscription (or `ALL`), oldest
+    first: which endpoint of a pinned subscription took the traffic, since when and why."""
+    frame = _window(read_table(storage_path, ADVISORIES, spark), subscription, "timestamp", window_hours, now)
+    columns = ["timestamp", "subscription", "type", "endpoint", "pin_id", "reason"]
+    return frame[columns] if len(frame) else pd.DataFrame(columns=columns)
 
 
 def lag_frame(conf_dir: str, subscription: str = ALL, timeout_s: float = 3.0) -> pd.DataFrame:

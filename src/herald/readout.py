@@ -15,7 +15,7 @@ from typing import Any
 
 from herald.config import HeraldConfig, Subscription
 from herald.storage import DeltaRsStore
-from herald.storage.tables import METRICS, OFFSETS, UNDELIVERED
+from herald.storage.tables import ADVISORIES, METRICS, OFFSETS, UNDELIVERED
 
 
 def _store(config: HeraldConfig) -> DeltaRsStore:
@@ -195,3 +195,9 @@ def trace(config: HeraldConfig, subscription: Subscription, message_id: str) -> 
         }
         for row in rows
     ]
+
+
+def advisories(config: HeraldConfig, subscription: Subscription) -> list[dict[str, Any]]:
+    """The subscription's priority advisories (pins given and given up), oldest first; endpoints masked."""
+    rows = _store(config).read(ADVISORIES, subscription.id).to_pylist()
+    return sorted(rows, key=lambda row: (row["timestamp"], row["type"] == "pinned"))

@@ -11,9 +11,12 @@ import pytest
 from confluent_kafka import Producer
 
 from herald.config import load_config
+from herald.engine.context import now_ms
+from herald.engine.pinning import PINNED, START, TIMEOUT, UNPINNED, Advisory
+from herald.engine.priority import advisory_rows
 from herald.engine.runner import Runner
 from herald.notebooks import ANSWER_CLASSES
-from herald.storage import DeltaRsStore
+from herald.storage import DeltaRsStore, Slice
 from herald.storage.tables import METRICS, UNDELIVERED
 from tests.support.herald_env import produce, write_conf
 from tests.support.subscriber import ScriptedSubscriber
@@ -127,10 +130,18 @@ def test_the_metrics_notebook_plots_what_the_table_holds(delivered_tables, tmp_p
     config, topic = delivered_tables
     rows = DeltaRsStore(config.storage_path).read(METRICS).to_pandas()
     rows = rows[rows["finished_at"].notna()]
+    pins = [Advisory(PINNED, f"{topic}.a", "http://one/a", "pin-1", START, now_ms() - 60_000),
+            Advisory(UNPINNED, f"{topic}.a", "http://one/a", "pin-1", TIMEOUT, now_ms() - 30_000),
+            Advisory(PINNED, f"{topic}.a", "http://two/a", "pin-2", TIMEOUT, now_ms() - 29_000)]
+    DeltaRsStore(config.storage_path).replace("advisories", advisory_rows(pins, "priority:test", 1),
+                                              Slice("priority:test", 1))
     shown, dbutils = run_notebook("metrics.py", {"storage_path": config.storage_path, "subscription": "all",
                                                  "window_hours": "24", "conf": str(config.conf_dir)})
     assert dbutils.widgets.declared == ["storage_path", "subscription", "window_hours", "conf"]
-    per_minute, lag, figure = shown
+    per_minute, lag, figure, advisories = shown
+    assert list(zip(advisories["type"], advisories["endpoint"], advisories["reason"])) == [
+        ("pinned", "http://one/a", "start"), ("unpinned", "http://one/a", "timeout"),
+        ("pinned", "http://two/a", "timeout")]
     assert per_minute["delivered"].sum() == rows["delivered"].sum() == 32 + 8  # a: 32; b: i 1..9 but 5 -> 8
     assert sorted(zip(lag["subscription"], lag["partition"], lag["lag"])) == [
         (f"{topic}.a", 0, 3), (f"{topic}.a", 1, 0), (f"{topic}.b", 0, 3), (f"{topic}.b", 1, 0)]
