@@ -152,3 +152,18 @@ def test_the_advisory_message_is_shaped_like_nats_consumer_group_advisories():
     assert (message["subscription"], message["endpoint"], message["pinned_id"], message["reason"]) == (
         "g.t.s", "http://u:*****@h/o", "pin-1", "timeout")
     assert len(message["id"]) == 32
+
+
+def test_a_lane_tries_the_pinned_endpoint_before_it_gives_it_up_whatever_streak_it_inherits():
+    from herald.delivery.pin import PinPlan, PinWatch
+
+    watch = PinWatch(PinPlan("pin-1", timeout_ms=1000, refused_since_ms=T0))
+    assert not watch.expired(T0 + 60_000) and watch.news() is None, "no answer in this task yet"
+    watch.answer(False, T0 + 60_000)
+    assert watch.expired(T0 + 60_000) and watch.news() == (None, T0), "the inherited streak counts once it refuses"
+    fresh = PinWatch(PinPlan("pin-1", timeout_ms=1000, refused_since_ms=None))
+    fresh.answer(False, T0)
+    assert not fresh.expired(T0 + 999) and fresh.expired(T0 + 1000)
+    fresh.answer(True, T0 + 1001)
+    assert not fresh.expired(T0 + 5000) and fresh.news() == (T0 + 1001, None)
+    assert PinPlan("pin-1", 1000, None).header_line == "Herald-Pin-Id: pin-1"

@@ -49,6 +49,7 @@ def test_validate_refuses_priority_with_one_endpoint_or_broadcast_naming_the_key
 
 def test_the_first_pin_is_recorded_before_a_round_gets_it_and_survives_a_restart(tmp_path):
     config, store = setup(tmp_path)
+    billing = config.subscription("shop.orders.billing")
     clock = Clock()
     first = board(store, clock)
     seen = []
@@ -56,30 +57,35 @@ def test_the_first_pin_is_recorded_before_a_round_gets_it_and_survives_a_restart
     first.configure(config.subscriptions)
     recorded = last_advisories(store)["shop.orders.billing"]["pinned"]
     assert (recorded.endpoint, recorded.reason) == ("http://primary.example/orders", "start")
-    pin = first.lease("shop.orders.billing")
+    pin = first.lease(billing)
     assert pin.index == 0 and pin.pin_id == recorded.pin_id
     assert [a.type for a in seen] == ["pinned"]
-    assert first.lease("not.pinned.at-all") is None
+    plain = load_config(write_conf(tmp_path / "plain", subscriptions={"plain": SUBSCRIPTION.replace(
+        "name: billing", "name: plain")})).subscription("shop.orders.plain")
+    assert first.lease(plain) is None, "not pinned: no pin, no group"
+    unpinned_edit = load_config(write_conf(tmp_path / "edit")).subscription("shop.orders.billing")
+    assert first.lease(unpinned_edit) == HELD, "a version the groups do not know yet (a live edit) waits"
     # kill -9: nothing released; a new job takes the same pin up
     clock.ms += 5000
     second = board(store, clock, run="run-2")
     second.configure(config.subscriptions)
-    again = second.lease("shop.orders.billing")
+    again = second.lease(billing)
     assert (again.index, again.pin_id) == (0, pin.pin_id)
 
 
 def test_a_timeout_switches_once_the_rounds_end_and_the_password_never_reaches_the_table(tmp_path):
     config, store = setup(tmp_path)
+    billing = config.subscription("shop.orders.billing")
     clock = Clock()
     priority = board(store, clock)
     woken = []
     priority.wakers.append(lambda: woken.append(True))
     priority.configure(config.subscriptions)
     woken.clear()  # the first pin
-    stream, retries = priority.lease("shop.orders.billing"), priority.lease("shop.orders.billing")
+    stream, retries = priority.lease(billing), priority.lease(billing)
     clock.ms += 1500
     priority.release("shop.orders.billing", stream, PinNews(None, T0 + 100))
-    assert priority.holds("shop.orders.billing") and priority.lease("shop.orders.billing") == HELD
+    assert priority.holds("shop.orders.billing") and priority.lease(billing) == HELD
     assert recorded_state(store, "shop.orders.billing")["unpinned"]["reason"] == "timeout"
     assert not woken, "the retry round still sends to the old pin"
     priority.release("shop.orders.billing", retries, None)
@@ -87,7 +93,7 @@ def test_a_timeout_switches_once_the_rounds_end_and_the_password_never_reaches_t
     state = recorded_state(store, "shop.orders.billing")
     assert state["endpoint"] == "http://ops:*****@standby.example/orders" and state["unpinned"] is None
     assert state["pin_reason"] == "timeout" and state["pin_id"] != stream.pin_id
-    assert priority.lease("shop.orders.billing").index == 1
+    assert priority.lease(billing).index == 1
     table = store.read("advisories")
     assert "s3cret" not in str(table.to_pylist())
     assert sorted(table.column("type").to_pylist()) == ["pinned", "pinned", "unpinned"]
@@ -95,11 +101,12 @@ def test_a_timeout_switches_once_the_rounds_end_and_the_password_never_reaches_t
 
 def test_herald_unpin_offline_and_while_running(tmp_path):
     config, store = setup(tmp_path)
+    billing = config.subscription("shop.orders.billing")
     clock = Clock()
     assert unpin(store, "shop.orders.billing", "ops", clock.ms)[0] is None, "nothing pinned yet"
     priority = board(store, clock)
     priority.configure(config.subscriptions)
-    pinned = priority.lease("shop.orders.billing")
+    pinned = priority.lease(billing)
     clock.ms += 10
     advisory, _ = unpin(store, "shop.orders.billing", "ops", clock.ms)
     assert (advisory.reason, advisory.pin_id) == ("admin", pinned.pin_id)
@@ -114,11 +121,12 @@ def test_herald_unpin_offline_and_while_running(tmp_path):
     clock.ms += 30
     restarted = board(store, clock, run="run-2")
     restarted.configure(config.subscriptions)
-    assert restarted.lease("shop.orders.billing").index == 0, "wrapped round to the first endpoint"
+    assert restarted.lease(billing).index == 0, "wrapped round to the first endpoint"
 
 
 def test_an_edit_that_removes_the_pinned_endpoint_moves_the_pin(tmp_path):
     config, store = setup(tmp_path)
+    billing = config.subscription("shop.orders.billing")
     clock = Clock()
     priority = board(store, clock)
     priority.configure(config.subscriptions)
@@ -129,7 +137,7 @@ def test_an_edit_that_removes_the_pinned_endpoint_moves_the_pin(tmp_path):
     state = recorded_state(store, "shop.orders.billing")
     assert state["endpoint"] == "http://third.example/orders" and state["pin_reason"] == "endpoint removed"
     priority.configure([])  # suspended: forgotten, its pin stays recorded
-    assert not priority.pinned("shop.orders.billing")
+    assert priority.pins() == {}
 
 
 OVERFLOW = """
@@ -175,3 +183,66 @@ def test_overflow_and_discovery_forms_load_and_their_mistakes_name_the_key(tmp_p
         "{address}", "{host}")))
     assert any("endpoints[0].minPending" in p and ">= 1" in p for p in problems("f", OVERFLOW.replace(
         "- http://us-east.example/orders", "- {url: http://e.example/o, minPending: 0}")))
+
+
+def test_live_edits_and_reactivation_keep_the_lease_count_and_never_send_to_an_endpoint_it_does_not_know(tmp_path):
+    config, store = setup(tmp_path, PINNED_SUBSCRIPTION.replace(
+        "endpoints: [", "endpoints: [http://zero.example/orders, "))
+    billing = config.subscription("shop.orders.billing")
+    clock = Clock()
+    priority = board(store, clock)
+    priority.configure(config.subscriptions)
+    old_round = priority.lease(billing)
+    assert old_round.index == 0
+    # suspended, then activated again while old_round still runs: the same group goes on
+    priority.configure([])
+    assert priority.lease(billing) == HELD and priority.pins() == {}
+    priority.configure(config.subscriptions)
+    new_round = priority.lease(billing)
+    priority.release("shop.orders.billing", old_round, None)
+    unpin(store, "shop.orders.billing", "ops", clock.ms + 1)
+    priority.poll()
+    assert priority.holds("shop.orders.billing")
+    assert recorded_state(store, "shop.orders.billing")["unpinned"] is not None
+    assert recorded_state(store, "shop.orders.billing")["endpoint"] == "http://zero.example/orders", \
+        "no switch while new_round still sends to the old pin"
+    priority.release("shop.orders.billing", new_round, None)
+    assert recorded_state(store, "shop.orders.billing")["endpoint"] == "http://primary.example/orders"
+    # an edit reorders the endpoints: a round planned before the groups know it sits out, none is misdirected
+    reordered = load_config(write_conf(tmp_path / "reordered", subscriptions={"billing": PINNED_SUBSCRIPTION.replace(
+        'endpoints: [http://primary.example/orders, "http://ops:s3cret@standby.example/orders"]',
+        'endpoints: ["http://ops:s3cret@standby.example/orders", http://primary.example/orders, '
+        'http://zero.example/orders]')}))
+    edited = reordered.subscription("shop.orders.billing")
+    assert priority.lease(edited) == HELD
+    priority.configure(reordered.subscriptions)
+    pin = priority.lease(edited)
+    assert edited.endpoint_urls[pin.index] == "http://primary.example/orders", "the same endpoint, its new place"
+
+
+def test_an_idle_round_never_times_the_pin_out(tmp_path):
+    config, store = setup(tmp_path)
+    billing = config.subscription("shop.orders.billing")
+    clock = Clock()
+    priority = board(store, clock)
+    priority.configure(config.subscriptions)
+    priority.release("shop.orders.billing", priority.lease(billing), PinNews(None, T0))  # a 400, say
+    clock.ms += 60_000
+    priority.release("shop.orders.billing", priority.lease(billing), None)  # nothing to send since
+    assert not priority.holds("shop.orders.billing")
+    assert recorded_state(store, "shop.orders.billing")["unpinned"] is None
+
+
+def test_a_job_that_lost_its_lease_switches_no_pin(tmp_path):
+    config, store = setup(tmp_path)
+    billing = config.subscription("shop.orders.billing")
+    clock = Clock()
+    priority = board(store, clock)
+    priority.configure(config.subscriptions)
+    before = recorded_state(store, "shop.orders.billing")
+    priority.freeze()
+    pin = priority.lease(billing)
+    clock.ms += 5000
+    priority.release("shop.orders.billing", pin, PinNews(None, T0))
+    assert priority.lease(billing) == HELD, "it gives the pin up in memory (it stops sending there)"
+    assert recorded_state(store, "shop.orders.billing") == before, "but records nothing"

@@ -33,7 +33,8 @@ def _pinned_subscription(args):
 
 
 def cmd_unpin(args) -> int:
-    """Give the pin up (reason admin); exit 1 when there is nothing to give up."""
+    """Give the pin up (reason admin); exit 1 when there is nothing to give up (not pinned yet, or unpinned
+    already), 2 when the subscription has no priority policy pinned."""
     from herald.engine.priority import unpin
 
     found = _pinned_subscription(args)

@@ -61,11 +61,13 @@ class Overflow(OneEndpoint):
         self._next = 0
 
     def served(self) -> list[int]:
-        """The endpoints served now, in list order (never empty: validate requires one without conditions)."""
+        """The endpoints served now, in list order (validate requires one without conditions; should none be
+        served, every endpoint is)."""
         pending, in_flight = self.load()
-        return [index for index, target in enumerate(self.targets) if not target.conditional
-                or (target.min_pending is not None and pending >= target.min_pending)
-                or (target.min_inflight is not None and in_flight >= target.min_inflight)]
+        served = [index for index, target in enumerate(self.targets) if not target.conditional
+                  or (target.min_pending is not None and pending >= target.min_pending)
+                  or (target.min_inflight is not None and in_flight >= target.min_inflight)]
+        return served or list(range(len(self.targets)))
 
     def pick(self, unit: Unit) -> int:
         served = self.served()

@@ -33,6 +33,7 @@ class PinWatch:
         self.refused_since_ms = plan.refused_since_ms
         self.accepted_ms: int | None = None
         self.answered = False
+        self._refused_here = False  # a refusal answered in this task (the streak alone may be the driver's)
 
     def answer(self, accepted: bool, now_ms: int) -> None:
         """An attempt at the pinned endpoint was answered at `now_ms`: 2xx (`accepted`) or not."""
@@ -40,12 +41,16 @@ class PinWatch:
         if accepted:
             self.accepted_ms = now_ms
             self.refused_since_ms = None
-        elif self.refused_since_ms is None:
-            self.refused_since_ms = now_ms
+        else:
+            self._refused_here = True
+            if self.refused_since_ms is None:
+                self.refused_since_ms = now_ms
 
     def expired(self, now_ms: int) -> bool:
-        """The endpoint has refused everything for `timeout_ms`: the pin is lost."""
-        return self.refused_since_ms is not None and now_ms - self.refused_since_ms >= self.timeout_ms
+        """The endpoint has refused everything for `timeout_ms`, and refused in this task too (a lane tries
+        the pinned endpoint before it gives it up, whatever the streak it inherits): the pin is lost."""
+        return (self._refused_here and self.refused_since_ms is not None
+                and now_ms - self.refused_since_ms >= self.timeout_ms)
 
     def news(self) -> tuple[int | None, int | None] | None:
         """(last 2xx, refused since) for the driver, or None when nothing was answered in the task."""

@@ -56,7 +56,7 @@ class PrometheusExporter:
 
     def __init__(self, port: int, positions: Positions, end_offsets: EndOffsets,
                  parked: Callable[[str], int], host: str = "0.0.0.0", lag_cache_s: float = 5.0,
-                 writer=None) -> None:
+                 writer=None, pins: Callable[[], dict[str, str | None]] = dict) -> None:
         self.registry = CollectorRegistry()
         self._requested = (host, port)
         self.port: int | None = None
@@ -75,10 +75,7 @@ class PrometheusExporter:
                                  buckets=_ROUND_BUCKETS_S, registry=self.registry)
         self._advisories = Counter("herald_pin_advisories", "Priority pinned: pins given (pinned) and given up "
                                    "(unpinned), by reason", ["subscription", "type", "reason"], registry=self.registry)
-        self._pinned = Gauge("herald_pinned_endpoint", "Priority pinned: 1 for the endpoint pinned now (password "
-                             "masked)", ["subscription", "endpoint"], registry=self.registry)
-        self._pinned_now: dict[str, str] = {}
-        self.registry.register(_LiveCollector(positions, end_offsets, parked, lag_cache_s, writer))
+        self.registry.register(_LiveCollector(positions, end_offsets, parked, lag_cache_s, writer, pins))
 
     def observe(self, result, duration_s: float) -> None:
         """A round's outcome (`herald.engine.rounds.RoundResult`) and its duration in seconds."""
@@ -117,14 +114,7 @@ class PrometheusExporter:
 
     def advised(self, advisory) -> None:
         """A pin given or given up (`herald.engine.pinning.Advisory`, a priority listener)."""
-        sid = advisory.subscription
-        self._advisories.labels(sid, advisory.type, advisory.reason).inc()
-        before = self._pinned_now.pop(sid, None)
-        if before is not None:
-            self._pinned.remove(sid, before)
-        if advisory.type == "pinned":
-            self._pinned.labels(sid, advisory.endpoint).set(1)
-            self._pinned_now[sid] = advisory.endpoint
+        self._advisories.labels(advisory.subscription, advisory.type, advisory.reason).inc()
 
     def start(self) -> None:
         host, port = self._requested
@@ -144,9 +134,10 @@ class _LiveCollector:
     the lag out of that scrape (logged once a minute), never the scrape itself."""
 
     def __init__(self, positions: Positions, end_offsets: EndOffsets, parked: Callable[[str], int],
-                 cache_s: float, writer=None) -> None:
+                 cache_s: float, writer=None, pins: Callable[[], dict[str, str | None]] = dict) -> None:
         self._positions, self._end_offsets, self._parked, self._cache_s = positions, end_offsets, parked, cache_s
         self._writer = writer  # herald.storage.TableWriter, or None
+        self._pins = pins  # subscription id -> its pinned endpoint (masked), None while it changes hands
         self._lock = threading.Lock()
         self._ends: dict[str, dict[int, int]] = {}
         self._asked_at = float("-inf")
@@ -168,6 +159,12 @@ class _LiveCollector:
         for sid in sorted(positions):
             parked.add_metric([sid], self._parked(sid))
         yield parked
+        pinned = GaugeMetricFamily("herald_pinned_endpoint", "Priority pinned: 1 for the endpoint pinned now "
+                                   "(password masked)", labels=["subscription", "endpoint"])
+        for sid, endpoint in sorted(self._pins().items()):
+            if endpoint is not None:
+                pinned.add_metric([sid, endpoint], 1)
+        yield pinned
         if self._writer is not None:
             yield GaugeMetricFamily("herald_table_writer_pending_rounds", "Rounds waiting to be written to the "
                                     "tables", value=self._writer.pending)

@@ -22,6 +22,7 @@ end; an idle endpoint never times out.
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ class Pin:
     pin_id: str
     timeout_ms: int
     refused_since_ms: int | None
+    group: int = 0  # the `PinGroup.token` of the group that leased it
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,18 @@ class PinNews:
         return PinNews(accepted, min(streaks) if streaks else None)
 
 
+_tokens = itertools.count(1)
+
+
 class PinGroup:
     """The pin of one subscription. `endpoints`: its endpoints as people see them (password masked), in list
-    order; they identify the pinned endpoint across restarts. Not thread-safe: its owner locks."""
+    order; they identify the pinned endpoint across restarts. `token` tells this group's leases from those of
+    an earlier group of the same subscription (suspended and activated again). Not thread-safe: its owner
+    locks."""
 
     def __init__(self, subscription_id: str, endpoints: tuple[str, ...], timeout_ms: int) -> None:
+        self.token = next(_tokens)
+        self.active = True  # False: the subscription is no longer delivered, but rounds of it still run
         self.subscription_id = subscription_id
         self.endpoints = endpoints
         self.timeout_ms = timeout_ms
@@ -122,13 +131,14 @@ class PinGroup:
         if self.leaving is not None or self.index is None:
             return None
         self.rounds += 1
-        return Pin(self.index, self.pin_id, self.timeout_ms, self.refused_since_ms)
+        return Pin(self.index, self.pin_id, self.timeout_ms, self.refused_since_ms, self.token)
 
     def release(self, pin: Pin, news: PinNews | None, now_ms: int) -> Advisory | None:
-        """A round planned with `pin` ended, having seen `news`. Returns the `unpinned` advisory when the pin
-        times out now."""
-        if pin.pin_id != self.pin_id:
-            return None  # a round of an earlier pin (it was leased before a switch that could not wait for it)
+        """A round planned with `pin` ended, having seen `news` (None: nothing was answered). Returns the
+        `unpinned` advisory when the pin times out now: only on news of a refusal, so an idle endpoint never
+        times out."""
+        if pin.group != self.token or pin.pin_id != self.pin_id:
+            return None  # another group's lease (one a switch could not have waited for does not exist)
         self.rounds -= 1
         if news is not None:
             if news.accepted_ms is not None:
@@ -139,8 +149,8 @@ class PinGroup:
                 since = news.refused_since_ms if self.refused_since_ms is None else \
                     min(self.refused_since_ms, news.refused_since_ms)
                 self.refused_since_ms = max(since, self.accepted_ms or since, self.since_ms or since)
-        if (self.leaving is None and self.refused_since_ms is not None
-                and now_ms - self.refused_since_ms >= self.timeout_ms):
+        if (self.leaving is None and news is not None and news.refused_since_ms is not None
+                and self.refused_since_ms is not None and now_ms - self.refused_since_ms >= self.timeout_ms):
             return self.unpin(TIMEOUT, now_ms)
         return None
 
@@ -156,10 +166,12 @@ class PinGroup:
         """A switch may happen now: the pin is given up (or none was given) and no round is still sending."""
         return self.leaving is not None and self.rounds == 0
 
-    def next_pin(self, now_ms: int) -> Advisory:
+    def next_pin(self, now_ms: int) -> Advisory | None:
         """The `pinned` advisory of the switch `due` allows: the endpoint after the one given up, in list order
-        (the first when there was none, or it left the list), with a new pin id. Nothing changes until it is
-        recorded and `take`n."""
+        (the first when there was none, or it left the list), with a new pin id; None while there is no
+        endpoint to pin. Nothing changes until it is recorded and `take`n."""
+        if not self.endpoints:
+            return None
         left = self.leaving
         if left is not None and left.endpoint in self.endpoints:
             index = (self.endpoints.index(left.endpoint) + 1) % len(self.endpoints)

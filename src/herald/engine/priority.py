@@ -70,9 +70,10 @@ class Priority:
         self.poll_s = poll_s
         self.listeners: list[Callable[[Advisory], None]] = []
         self.wakers: list[Callable[[], None]] = []
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # also held by whoever tells running tasks the pins (a consistent view)
         self._groups: dict[str, PinGroup] = {}
         self._batches = itertools.count(1)
+        self._frozen = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -80,13 +81,17 @@ class Priority:
     def configure(self, subscriptions: Iterable[Subscription]) -> None:
         """The ACTIVE subscriptions now: a pinned one seen for the first time takes up its pin from the table;
         an edit that drops its pinned endpoint gives the pin up; one no longer here (or no longer pinned) is
-        forgotten."""
+        forgotten once no round of it runs (activated again before that, it goes on with the same group, an
+        unpin recorded meanwhile included)."""
         pinned = {s.id: s for s in subscriptions if s.priority is not None and s.priority.policy == "pinned"}
-        with self._lock:
-            for subscription_id in set(self._groups) - set(pinned):
-                del self._groups[subscription_id]
-            new = [sid for sid in pinned if sid not in self._groups]
-            last = last_advisories(self.store) if new else {}
+        with self.lock:
+            for subscription_id, group in list(self._groups.items()):
+                if subscription_id not in pinned:
+                    group.active = False
+                    if group.rounds <= 0:
+                        del self._groups[subscription_id]
+            fresh = [sid for sid in pinned if sid not in self._groups or not self._groups[sid].active]
+            last = last_advisories(self.store) if fresh else {}
             now = self.now_ms()
             for subscription_id, subscription in pinned.items():
                 endpoints, timeout_ms = shown_endpoints(subscription), subscription.priority.timeoutMs
@@ -95,27 +100,30 @@ class Priority:
                     group = self._groups[subscription_id] = PinGroup(subscription_id, endpoints, timeout_ms)
                     self._record(group.restore(*current_pin(last.get(subscription_id, {})), now))
                 else:
+                    if not group.active:
+                        group.active = True
+                        self._take_unpin(group, last.get(subscription_id, {}).get(UNPINNED))
                     self._record(group.reconfigure(endpoints, timeout_ms, now))
                 self._switch_if_due(group)
 
-    def pinned(self, subscription_id: str) -> bool:
-        with self._lock:
-            return subscription_id in self._groups
-
     def holds(self, subscription_id: str) -> bool:
         """True while a pinned subscription has no pin to deliver with (it is changing hands)."""
-        with self._lock:
+        with self.lock:
             group = self._groups.get(subscription_id)
-            return group is not None and (group.leaving is not None or group.index is None)
+            return group is not None and group.active and (group.leaving is not None or group.index is None)
 
     # -- rounds -----------------------------------------------------------------------------------------------
-    def lease(self, subscription_id: str) -> Pin | str | None:
-        """For a round about to be planned: the subscription's `Pin`, `HELD` (it sits the round out), or None
-        (it is not pinned)."""
-        with self._lock:
-            group = self._groups.get(subscription_id)
-            if group is None:
-                return None
+    def lease(self, subscription: Subscription) -> Pin | str | None:
+        """For a round about to plan `subscription` (the version it plans with): its `Pin`, `HELD` (it sits the
+        round out), or None (it is not pinned). A version whose policy or endpoints the groups do not know yet
+        (a live edit being applied) is HELD until they do."""
+        is_pinned = subscription.priority is not None and subscription.priority.policy == "pinned"
+        with self.lock:
+            group = self._groups.get(subscription.id)
+            if group is None or not group.active:
+                return HELD if is_pinned else None
+            if not is_pinned or shown_endpoints(subscription) != group.endpoints:
+                return HELD
             self._switch_if_due(group)
             pin = group.lease()
             return HELD if pin is None else pin
@@ -124,33 +132,33 @@ class Priority:
         """A round planned with `pin` (from `lease`) ended, having seen `news` of the pinned endpoint."""
         if not isinstance(pin, Pin):
             return
-        with self._lock:
+        with self.lock:
             group = self._groups.get(subscription_id)
-            if group is None:
+            if group is None or group.token != pin.group:
                 return
             self._record(group.release(pin, news, self.now_ms()))
+            if not group.active and group.rounds <= 0:
+                del self._groups[subscription_id]  # its last round ended after it stopped being delivered
+                return
             self._switch_if_due(group)
 
-    def unpin(self, subscription_id: str, reason: str, pin_id: str | None = None, recorded: bool = False) -> bool:
-        """Give a subscription's pin up (`pin_id`: only that pin); `recorded`: its advisory is in the table
-        already (written by `herald unpin`). False when there was nothing to give up."""
-        with self._lock:
-            group = self._groups.get(subscription_id)
-            if group is None:
-                return False
-            advisory = group.unpin(reason, self.now_ms(), pin_id)
-            if advisory is None:
-                return False
-            if recorded:
+    def _take_unpin(self, group: PinGroup, unpinned: Advisory | None) -> None:
+        """(lock held) Give the pin up if `unpinned` (the table's last unpin of the subscription: `herald unpin`)
+        names it."""
+        if unpinned is not None and unpinned.pin_id == group.pin_id and group.leaving is None:
+            advisory = group.unpin(unpinned.reason, unpinned.at_ms, unpinned.pin_id)
+            if advisory is not None:
                 self._tell(advisory)
-            else:
-                self._record(advisory)
-            self._switch_if_due(group)
-            return True
+
+    def freeze(self) -> None:
+        """The job lost its storage lease: it records nothing more, so it switches no pin (another job owns
+        them now)."""
+        with self.lock:
+            self._frozen = True
 
     def state(self, subscription_id: str) -> dict | None:
         """The group's state as `herald priority` shows it (None: not a pinned subscription of this job)."""
-        with self._lock:
+        with self.lock:
             group = self._groups.get(subscription_id)
             if group is None:
                 return None
@@ -160,21 +168,23 @@ class Priority:
 
     def pin_ids(self) -> dict[str, str | None]:
         """subscription id -> its pin id, None while it changes hands."""
-        with self._lock:
-            return {sid: (g.pin_id if g.leaving is None else None) for sid, g in self._groups.items()}
+        with self.lock:
+            return {sid: (g.pin_id if g.leaving is None else None) for sid, g in self._groups.items() if g.active}
 
     def pins(self) -> dict[str, str | None]:
         """subscription id -> its pinned endpoint (password masked), None while it changes hands."""
-        with self._lock:
-            return {sid: (g.endpoint if g.leaving is None else None) for sid, g in self._groups.items()}
+        with self.lock:
+            return {sid: (g.endpoint if g.leaving is None else None) for sid, g in self._groups.items() if g.active}
 
     # -- recording --------------------------------------------------------------------------------------------
     def _switch_if_due(self, group: PinGroup) -> None:
         """(lock held) Pin the next endpoint once the old pin's rounds have ended; recorded first. When the
         table cannot be written the subscription keeps waiting, and the switch is tried again later."""
-        if not group.due():
+        if not group.due() or not group.active or self._frozen:
             return
         pinned = group.next_pin(self.now_ms())
+        if pinned is None:
+            return  # no endpoint to pin (an empty discovered set): its messages wait
         try:
             self._write([pinned])
         except Exception:  # noqa: BLE001 - no request carries a pin that is not recorded; tried again later
@@ -198,6 +208,8 @@ class Priority:
         self._tell(advisory)
 
     def _write(self, advisories: list[Advisory]) -> None:
+        if self._frozen:
+            raise RuntimeError("the job lost its storage lease: it records nothing more")
         batch_id = next(self._batches)
         self.store.replace(ADVISORIES, advisory_rows(advisories, self.writer, batch_id),
                            Slice(self.writer, batch_id))
@@ -220,16 +232,15 @@ class Priority:
     def poll(self) -> None:
         """Give up every pin an operator unpinned since the last look (`herald unpin` wrote its advisory), and
         retry switches whose record failed."""
-        with self._lock:
+        with self.lock:
             if not self._groups:
                 return
         last = last_advisories(self.store)
-        with self._lock:
+        with self.lock:
             for subscription_id, group in list(self._groups.items()):
-                unpinned = last.get(subscription_id, {}).get(UNPINNED)
-                if unpinned is not None and unpinned.pin_id == group.pin_id and group.leaving is None:
-                    self.unpin(subscription_id, unpinned.reason, unpinned.pin_id, recorded=True)
-                self._switch_if_due(group)
+                if group.active:
+                    self._take_unpin(group, last.get(subscription_id, {}).get(UNPINNED))
+                    self._switch_if_due(group)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="herald-priority", daemon=True)

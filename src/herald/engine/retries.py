@@ -238,7 +238,7 @@ class RetryDriver:
         context = self.context
         with self._lock:
             active = [self._active[sid] for sid in due if sid in self._active]
-        pins = {subscription.id: context.priority.lease(subscription.id) for subscription in active}
+        pins = {subscription.id: context.priority.lease(subscription) for subscription in active}
         subscriptions = [subscription for subscription in active if pins[subscription.id] != HELD]
         report = None
         try:

@@ -44,14 +44,26 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
     """Each (index in the rows' `targets`, state) with the plan of its share of the round. A pinned
     subscription takes part with its pin (the caller's `release_pins` gives it back when the round ends), or,
     while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up)."""
-    chosen = []
-    for index, state in states:
-        pin = context.priority.lease(state.id)
-        if pin == HELD:
+    states = list(states)
+    chosen: list[Participant] = []
+    try:
+        for index, state in states:
+            pin = context.priority.lease(state.subscription)
+            if pin == HELD:
+                state.busy = False
+                continue
+            try:
+                plan = lane_plan(state, context.flow_settings, parked_count(state.id),
+                                 providers=context.oauth_providers, pin=pin)
+            except BaseException:
+                context.priority.release(state.id, pin, None)
+                raise
+            chosen.append(Participant(index, state, plan, pin))
+    except BaseException:  # nothing was planned: no state stays busy, no pin stays leased
+        release_pins(context, chosen, ())
+        for _, state in states:
             state.busy = False
-            continue
-        chosen.append(Participant(index, state, lane_plan(state, context.flow_settings, parked_count(state.id),
-                                                          providers=context.oauth_providers, pin=pin), pin))
+        raise
     return chosen
 
 

@@ -92,6 +92,7 @@ class Runner:
             self._start_exporter(context)
         self._ensure_dead_letters()
         context.priority.configure(active)  # the pins (first ones recorded and told) before any round asks
+        context.priority.start()  # picks up `herald unpin`, and retries a switch whose record failed
         if not once:  # a --once run sees no configuration change
             self.control = ControlServer(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
             self.control.publish(active, context.priority.pin_ids())
@@ -116,7 +117,6 @@ class Runner:
 
             self.moves = MoveWatcher(store, topics.apply_move, settings.streaming.config_poll_s, handed)
             self.moves.start()
-            context.priority.start()  # picks up `herald unpin`
 
             self.watcher = ConfWatcher(self.config.conf_dir, self.config, self.apply,
                                        self.config.settings.streaming.config_poll_s)
@@ -125,7 +125,8 @@ class Runner:
     def _publish_control(self) -> None:
         """Tell running tasks which subscriptions (versions, pins) are delivered now."""
         if self.control is not None:
-            self.control.publish(self.config.active_subscriptions(self.only), self.context.priority.pin_ids())
+            with self.context.priority.lock:  # the pins and the versions told together, never an older pair
+                self.control.publish(self.config.active_subscriptions(self.only), self.context.priority.pin_ids())
 
     def _live_state(self, subscription_id: str):
         """(topic lock, state) of a running subscription, or None (the retry driver starts from its flow)."""
@@ -140,7 +141,7 @@ class Runner:
 
         self.exporter = PrometheusExporter(self._metrics_port, self.topics.positions_now, end_offsets,
                                            self.retries.parked_count, self.config.settings.metrics.prometheusHost,
-                                           writer=context.writer)
+                                           writer=context.writer, pins=context.priority.pins)
         context.round_listeners.append(self.exporter.observe)
         self.exporter.know(self.config.active_subscriptions(self.only))
         context.priority.listeners.append(self.exporter.advised)
@@ -230,6 +231,7 @@ class Runner:
         self._lease_lost_reason = reason
         if self.context is not None:
             self.context.writer.abandon()
+            self.context.priority.freeze()
         self._stop.set()
 
     def _on_signal(self, signum, frame) -> None:
