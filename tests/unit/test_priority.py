@@ -136,6 +136,8 @@ def test_an_edit_that_removes_the_pinned_endpoint_moves_the_pin(tmp_path):
     priority.configure(edited.subscriptions)
     state = recorded_state(store, "shop.orders.billing")
     assert state["endpoint"] == "http://third.example/orders" and state["pin_reason"] == "endpoint removed"
+    assert priority.lease(billing) == HELD, "a round planned with the old version sits out"
+    assert priority.lease(edited.subscription("shop.orders.billing")).index == 0
     priority.configure([])  # suspended: forgotten, its pin stays recorded
     assert priority.pins() == {}
 
