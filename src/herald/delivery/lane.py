@@ -36,16 +36,7 @@ from herald.delivery.oauth import TOKENS, TokenCache, TokenError, Wait
 from herald.delivery.outcome import FailureKind, TransportFailure, Verdict, classify
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
-from herald.delivery.report import (
-    DISCARDED,
-    FAILED,
-    FILTERED,
-    INFLIGHT,
-    SUCCESS,
-    Carried,
-    LaneReport,
-    Parked,
-)
+from herald.delivery.report import DISCARDED, FAILED, FILTERED, INFLIGHT, SUCCESS, Carried, LaneReport, Parked
 from herald.delivery.signing import signature_lines
 from herald.delivery.transport import HttpAnswer, HttpRequest
 from herald.delivery.unit import Unit
