@@ -15,7 +15,8 @@ import time
 
 class Instant:
     """One reading of the task's clocks. `s`: monotonic seconds (the loop's injected `clock`); `ms`: the same
-    moment on the wall clock, epoch milliseconds (int)."""
+    moment on the wall clock, epoch milliseconds (int). A value: nothing changes it once built, nothing keeps
+    it (units keep `s`). Slotted rather than a frozen dataclass: the loop builds about two per message."""
 
     __slots__ = ("s", "ms")
 
