@@ -5,13 +5,8 @@ attempt goes to."""
 from __future__ import annotations
 
 from herald.delivery.batcher import Batcher
-from herald.delivery.choice import (
-    EveryEndpoint,
-    OneEndpoint,
-    Overflow,
-    RoundRobin,
-    endpoint_choice,
-)
+from herald.delivery.choice import EveryEndpoint, OneEndpoint, Overflow, RoundRobin, endpoint_choice
+from herald.delivery.clock import Instant
 from herald.delivery.message import Record, RetryState, TargetState
 from herald.delivery.plan import Target
 from herald.delivery.spec import BatchSpec
@@ -25,7 +20,7 @@ def rec(partition: int, offset: int, body: bytes = b'{"n":1}') -> Record:
 
 
 def add(batcher: Batcher, record: Record, now: float = NOW) -> tuple[bool, list]:
-    return batcher.add(record, record.body, now, NOW_MS)
+    return batcher.add(record, record.body, Instant(now, NOW_MS))
 
 
 def test_a_batch_closes_at_size_and_its_partition_holds_two_batches_at_most():

@@ -6,7 +6,8 @@ A task receives a plain, picklable `plan.TaskPlan` and an iterator of `input.Inp
 without Spark:
 
 - `message`: a record, its id, its retry state; `spec` and `policy`: a subscription's delivery
-  settings in the code's units, and when to retry or give up (backoff, jitter, TTL, max attempts).
+  settings in the code's units, and when to retry or give up (backoff, jitter, TTL, max attempts); `clock`:
+  the loop's one clock value (monotonic seconds, with the wall clock's epoch ms for rows and carried states).
 - `outcome`: the classification of one attempt (docs/design.md §4); `flow`: the hard rate cap and the adaptive
   controller; `headers`, `signing`, `oauth`: what each attempt carries.
 - `transport`: the non-blocking HTTP clients (libcurl's multi interface, requests on a bounded thread pool).

@@ -9,7 +9,7 @@ An assembly tells its lane about units through a `UnitSink`: `created` (the lane
 yet when it is `fresh`) and `ready` (its attempts may start). At the end of the lane it hands back what is
 unfinished (`leftovers`), each with the state it is carried or parked with.
 
-Times are the task's monotonic seconds (`now`) and wall-clock epoch milliseconds (`now_ms`).
+`now` is the loop's `herald.delivery.clock.Instant`; the times units keep are its monotonic seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from herald.delivery.batcher import Batch, Batcher, batch_id
+from herald.delivery.clock import Instant
 from herald.delivery.message import Record, RetryState, TargetState
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy
@@ -75,7 +76,7 @@ class Serial:
     def empty(self) -> bool:
         return self.in_flight == 0
 
-    def place(self, record: Record, now: float, now_ms: int) -> bool | Refused:
+    def place(self, record: Record, now: Instant) -> bool | Refused:
         """Admit `record` into flight (False: no room)."""
         if self.in_flight >= self.plan.inflight:
             return False
@@ -86,32 +87,34 @@ class Serial:
                 return Refused(urls, EndedBy.TEMPLATE)
         resume = self.plan.resume
         state = resume.get((record.partition, record.offset)) if resume else None
+        at = now.s
         if not self._choice.fans_out:  # the common case, kept short: one unit
-            self._begin(MessageUnit(record, now, now, urls), record, state, now, now_ms)
+            self._begin(MessageUnit(record, at, at, urls), record, state, now)
             self.in_flight += 1
             return True
         spread = self._choice.spread(state)
         group = Broadcast() if spread[0][0] is not None else None
         for index, unit_state in spread:
             if group is None:
-                unit = MessageUnit(record, now, now, urls)
+                unit = MessageUnit(record, at, at, urls)
             else:
-                unit = MemberUnit(record, now, now, urls, index, group)
+                unit = MemberUnit(record, at, at, urls, index, group)
                 group.members.append(unit)
-            self._begin(unit, record, unit_state, now, now_ms)
+            self._begin(unit, record, unit_state, now)
         if group is not None:
             group.remaining = len(group.members)
         self.in_flight += 1
         return True
 
-    def _begin(self, unit: MessageUnit, record: Record, state: RetryState | None, now: float, now_ms: int) -> None:
-        """A message entering flight: new (after any sending delay) or continuing from its retry `state`."""
+    def _begin(self, unit: MessageUnit, record: Record, state: RetryState | None, now: Instant) -> None:
+        """A message entering flight: new (after any sending delay from its publish time) or continuing from its
+        retry `state`."""
         if state is not None:
-            unit.resume(state, now, now_ms)
+            unit.resume(state, now)
             unit.fresh = unit.attempts == 0 or not self.plan.positional  # a parked retry: the round tries it
         else:
             if self.plan.sending_delay_s > 0:
-                unit.due_at = now + max(0.0, self.plan.sending_delay_s - max(0, now_ms - record.timestamp_ms) / 1000)
+                unit.due_at = now.s + max(0.0, self.plan.sending_delay_s - max(0, now.ms - record.timestamp_ms) / 1000)
             unit.fresh = True
         self._sink.created(unit)
         self._sink.ready(unit)
@@ -132,10 +135,10 @@ class Serial:
             self.in_flight -= 1
 
     # BATCH's thresholds and reads: nothing to do one message at a time
-    def placed_all(self, now: float, now_ms: int) -> None:
+    def placed_all(self, now: Instant) -> None:
         pass
 
-    def close_due(self, now: float, now_ms: int, everything: bool = False) -> None:
+    def close_due(self, now: Instant, everything: bool = False) -> None:
         pass
 
     def next_close(self) -> float | None:
@@ -144,7 +147,7 @@ class Serial:
     def read_through(self, partition: int, next_offset: int) -> bool:
         return False
 
-    def input_ended(self, now: float, now_ms: int) -> bool:
+    def input_ended(self, now: Instant) -> bool:
         return False
 
     def stuck(self, input_done: bool, pending: bool) -> str | None:
@@ -154,7 +157,7 @@ class Serial:
             return "waiting"
         return None
 
-    def leftovers(self, waiting: Iterable[Unit], now: float, now_ms: int) -> list[Leftover]:
+    def leftovers(self, waiting: Iterable[Unit], now: Instant) -> list[Leftover]:
         """The unfinished messages among the `waiting` units, each with its state (a BROADCAST message's sums
         up its endpoints')."""
         groups: dict[int, list[MemberUnit]] = {}
@@ -163,18 +166,18 @@ class Serial:
             if isinstance(unit, MemberUnit):
                 groups.setdefault(id(unit.group), []).append(unit)
             else:
-                result.append(Leftover(unit.anchor, unit.state(now, now_ms), [unit], unit.attempts == 0))
+                result.append(Leftover(unit.anchor, unit.state(now), [unit], unit.attempts == 0))
         for members in groups.values():
             group = members[0].group
             untouched = group.remaining == len(group.members) and all(unit.attempts == 0 for unit in members)
-            result.append(Leftover(members[0].anchor, _broadcast_state(members, now, now_ms), members, untouched))
+            result.append(Leftover(members[0].anchor, _broadcast_state(members, now), members, untouched))
         self.in_flight = 0
         return result
 
 
-def _broadcast_state(members: list[MemberUnit], now: float, now_ms: int) -> RetryState:
+def _broadcast_state(members: list[MemberUnit], now: Instant) -> RetryState:
     """A BROADCAST message's state: each unfinished endpoint's own, summed up as most attempts, earliest due."""
-    states = [(unit.target, unit.state(now, now_ms)) for unit in members]
+    states = [(unit.target, unit.state(now)) for unit in members]
     latest = max(states, key=lambda item: item[1].attempts)[1]
     return RetryState(
         attempts=latest.attempts, first_read_ms=latest.first_read_ms, due_ms=min(s.due_ms for _, s in states),
@@ -221,23 +224,23 @@ class Batched:
     def empty(self) -> bool:
         return self._batcher.batches == 0
 
-    def place(self, record: Record, now: float, now_ms: int) -> bool | Refused:
+    def place(self, record: Record, now: Instant) -> bool | Refused:
         element = _json_element(record.body)
         if isinstance(element, str):
             return Refused(element, EndedBy.DECODE)
-        taken, closed = self._batcher.add(record, element, now, now_ms)
-        self._closed(closed, now, now_ms)
+        taken, closed = self._batcher.add(record, element, now)
+        self._closed(closed, now)
         return taken
 
-    def _closed(self, batches: list[Batch], now: float, now_ms: int) -> None:
+    def _closed(self, batches: list[Batch], now: Instant) -> None:
         """Each batch that closed becomes a unit; it may go once it is its partition's first."""
         for batch in batches:
             first = batch.records[0]
             unit = BatchUnit(batch, batch_id(self.plan.subscription_id, batch.partition, first.offset,
-                                             batch.last_offset), first_read_at=batch.first_read_at, due_at=now)
+                                             batch.last_offset), first_read_at=batch.first_read_at, due_at=now.s)
             resumed = batch.resumed
             if resumed is not None and resumed.attempts > 0:
-                unit.resume(resumed, now, now_ms)
+                unit.resume(resumed, now)
             else:
                 unit.fresh = True
             batch.unit = unit
@@ -251,11 +254,11 @@ class Batched:
         if following is not None:
             self._sink.ready(following.unit)
 
-    def placed_all(self, now: float, now_ms: int) -> None:
-        self._closed(self._batcher.close_passed(), now, now_ms)
+    def placed_all(self, now: Instant) -> None:
+        self._closed(self._batcher.close_passed(), now)
 
-    def close_due(self, now: float, now_ms: int, everything: bool = False) -> None:
-        self._closed(self._batcher.close_due(now, everything), now, now_ms)
+    def close_due(self, now: Instant, everything: bool = False) -> None:
+        self._closed(self._batcher.close_due(now.s, everything), now)
 
     def next_close(self) -> float | None:
         return self._batcher.next_close()
@@ -263,11 +266,11 @@ class Batched:
     def read_through(self, partition: int, next_offset: int) -> bool:
         return self._batcher.read_through(partition, next_offset)
 
-    def input_ended(self, now: float, now_ms: int) -> bool:
+    def input_ended(self, now: Instant) -> bool:
         """With `flush`, close every filling batch now; True when there was one."""
         if not self.flush or self._batcher.next_close() is None:
             return False
-        self.close_due(now, now_ms, everything=True)
+        self.close_due(now, everything=True)
         return True
 
     def stuck(self, input_done: bool, pending: bool) -> str | None:
@@ -280,9 +283,9 @@ class Batched:
             return None
         return "waiting" if self._batcher.any_closed_first() else "now"
 
-    def leftovers(self, waiting: Iterable[Unit], now: float, now_ms: int) -> list[Leftover]:
+    def leftovers(self, waiting: Iterable[Unit], now: Instant) -> list[Leftover]:
         """Every batch not ended (filling, closed or in retry), carried at its first offset with its state."""
-        return [Leftover(batch.records[0], batch.state(now, now_ms, self.spec.time_s),
+        return [Leftover(batch.records[0], batch.state(now, self.spec.time_s),
                          [batch.unit] if batch.unit is not None else [], untouched=False, always_carried=True)
                 for batch in self._batcher.drain()]
 

@@ -12,7 +12,8 @@ A `Batcher` keeps one lane's batches per partition, in order:
   compacted away): once the read has passed that offset (`read_through`, `close_passed`). So its id, a UUID
   of (subscription, partition, first offset, last offset), stays the same on every retry and after a crash.
 
-Times are the task's monotonic seconds (`now`) and wall-clock epoch milliseconds (`now_ms`), both passed in.
+Times are the task's monotonic seconds, passed in; `add` and `Batch.state` take the loop's
+`herald.delivery.clock.Instant`, where a carried state's epoch milliseconds meet them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
 
+from herald.delivery.clock import Instant
 from herald.delivery.message import Record, RetryState, uuid5_text
 from herald.delivery.spec import BatchSpec
 
@@ -78,16 +80,16 @@ class Batch:
     def body(self) -> bytes:
         return b"[" + b",".join(self.elements) + b"]"
 
-    def state(self, now: float, now_ms: int, time_s: float) -> RetryState:
-        """Its progress on the wall clock, to be carried: a sent batch's attempt state, or (never attempted)
-        its first read, and when its time closes it."""
+    def state(self, now: Instant, time_s: float) -> RetryState:
+        """Its progress on the wall clock (epoch ms), to be carried: a sent batch's attempt state, or (never
+        attempted) its first read, and when its time (`time_s`, seconds) closes it."""
         if self.unit is not None and self.unit.attempts > 0:
-            state = self.unit.state(now, now_ms)
+            state = self.unit.state(now)
             return RetryState(state.attempts, state.first_read_ms, state.due_ms, state.backoff_s, state.last_status,
                               state.last_reason, batch_last_offset=self.last_offset)
         if self.rebuilding and self.resumed is not None:
             return self.resumed  # being rebuilt and not all read again yet: it stays as it was
-        first_read_ms = now_ms - round((now - self.first_read_at) * 1000)
+        first_read_ms = now.to_ms(self.first_read_at)
         return RetryState(attempts=0, first_read_ms=first_read_ms, due_ms=first_read_ms + round(time_s * 1000),
                           batch_last_offset=self.last_offset if self.closed else None)
 
@@ -104,7 +106,7 @@ class Batcher:
         self.batches = 0  # batches held
         self.held = 0  # messages in them
 
-    def add(self, record: Record, element: bytes, now: float, now_ms: int) -> tuple[bool, list[Batch]]:
+    def add(self, record: Record, element: bytes, now: Instant) -> tuple[bool, list[Batch]]:
         """Put `record` (its JSON array element) into its partition's open batch. Returns whether it was taken
         (False: the partition has two batches and the second is closed) and the batches it closed."""
         closed = []
@@ -120,7 +122,7 @@ class Batcher:
             if len(queue) >= 2:
                 return False, closed
             resumed = self._resume.get((record.partition, record.offset)) if self._resume else None
-            first_read_at = now - (now_ms - resumed.first_read_ms) / 1000 if resumed is not None else now
+            first_read_at = now.from_ms(resumed.first_read_ms) if resumed is not None else now.s
             batch = Batch(record.partition, first_read_at, resumed)
             queue.append(batch)
             self.batches += 1
@@ -153,14 +155,15 @@ class Batcher:
                 yield queue[-1]
 
     def close_due(self, now: float, everything: bool = False) -> list[Batch]:
-        """Close the filling batches whose batchTime has passed (every one, with `everything`)."""
+        """Close the filling batches whose batchTime has passed at `now` (monotonic seconds; every one, with
+        `everything`)."""
         closed = [batch for batch in self._filling() if everything or now >= batch.first_read_at + self.spec.time_s]
         for batch in closed:
             batch.close()
         return closed
 
     def next_close(self) -> float | None:
-        """When the first filling batch's time closes it (None: none fills)."""
+        """When the first filling batch's time closes it (monotonic seconds; None: none fills)."""
         times = [batch.first_read_at + self.spec.time_s for batch in self._filling()]
         return min(times) if times else None
 

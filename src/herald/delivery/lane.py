@@ -15,8 +15,8 @@ subscription, from Hermes (`outcome`, `policy`, `flow`), the same for every deli
   ordered subscription's retry or a batch, carried with its state) or is parked with its state (a retry of an
   unordered subscription). Its report says where its position may go: `stops`.
 
-What a unit sends and what its end means is the unit's (`herald.delivery.unit`). Times are the loop's
-monotonic seconds (`now`) and wall-clock epoch milliseconds (`now_ms`).
+What a unit sends and what its end means is the unit's (`herald.delivery.unit`). `now` is the loop's
+`herald.delivery.clock.Instant`: times kept and compared are its monotonic seconds, rows say its epoch ms.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from herald.delivery.assembly import Refused, assembly_for
 from herald.delivery.choice import endpoint_choice
+from herald.delivery.clock import Instant
 from herald.delivery.flow import FlowController, RateCap
 from herald.delivery.message import Record
 from herald.delivery.oauth import TOKENS, TokenCache, TokenError, Wait
@@ -37,16 +38,7 @@ from herald.delivery.pin import PinWatch
 from herald.delivery.outcome import FailureKind, TransportFailure, Verdict, classify
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
-from herald.delivery.report import (
-    DISCARDED,
-    FAILED,
-    FILTERED,
-    INFLIGHT,
-    SUCCESS,
-    Carried,
-    LaneReport,
-    Parked,
-)
+from herald.delivery.report import DISCARDED, FAILED, FILTERED, INFLIGHT, SUCCESS, Carried, LaneReport, Parked
 from herald.delivery.signing import signature_lines
 from herald.delivery.transport import HttpAnswer, HttpRequest
 from herald.delivery.unit import Unit
@@ -55,8 +47,8 @@ StartAttempt = Callable[[HttpRequest, object], None]
 
 
 class Lane:
-    def __init__(self, index: int, plan: LanePlan, now: float, now_ms: int, rng: random.Random,
-                 tokens: TokenCache = TOKENS, flush: bool = False) -> None:
+    def __init__(self, index: int, plan: LanePlan, now: Instant, rng: random.Random, tokens: TokenCache = TOKENS,
+                 flush: bool = False) -> None:
         self.index = index
         self.plan = plan
         self.rng = rng
@@ -66,10 +58,9 @@ class Lane:
         self.settled = False  # nothing more happens for this lane in the task
         self.report = LaneReport(cut=False)
         self.counters = self.report.counters
-        self.flow = FlowController(plan.rate_per_s, plan.flow_settings, plan.flow_state, now)
+        self.flow = FlowController(plan.rate_per_s, plan.flow_settings, plan.flow_state, now.s)
         carried_permit = plan.flow_state.next_permit_ms
-        next_free = now + (carried_permit - now_ms) / 1000 if carried_permit else float("-inf")
-        self.cap = RateCap(self.flow.rate_per_s, next_free)
+        self.cap = RateCap(self.flow.rate_per_s, now.from_ms(carried_permit) if carried_permit else float("-inf"))
         self._waiting: list[tuple[float, int, Unit]] = []  # ready units, not open: by due time
         self._fresh = 0  # units not attempted yet: never, or (parked retries) not in this task
         self._open_first = 0  # open attempts that are the first of their unit here
@@ -114,24 +105,24 @@ class Lane:
         return self.assembly.tracks_reads
 
     # -- input ------------------------------------------------------------------------------------------------
-    def take(self, record: Record, now_ms: int) -> bool:
+    def take(self, record: Record, now: Instant) -> bool:
         """Offer a row its filters passed; True when the lane keeps it pending (it then holds the row)."""
         if record.offset < self.plan.starts.get(record.partition, -1):
             return False  # already done before this round
         self.counters.matched += 1
         if self._tracing and not (self._resume and (record.partition, record.offset) in self._resume):
-            self.report.trace(record, INFLIGHT, now_ms)  # a resumed message was read in an earlier round
+            self.report.trace(record, INFLIGHT, now.ms)  # a resumed message was read in an earlier round
         if record.error is not None:
             self.report.discard(record, f"Message could not be decoded: {record.error}", EndedBy.DECODE, None, 0,
-                                 now_ms)
+                                 now.ms)
             return False
         self.pending.append(record)
         return True
 
-    def passed_over(self, record: Record, now_ms: int) -> None:
+    def passed_over(self, record: Record, now: Instant) -> None:
         """A row of the lane's range its filters did not pass (called only when the lane tracks everything)."""
         if record.offset >= self.plan.starts.get(record.partition, -1):
-            self.report.trace(record, FILTERED, now_ms)
+            self.report.trace(record, FILTERED, now.ms)
 
     def cut_input(self, progress: dict[int, int]) -> list[Record]:
         """Take no more input: the position stops at the rows not admitted and, in every partition read so far,
@@ -149,66 +140,67 @@ class Lane:
         gave the lane something to do at once (a rebuilt batch closes at its last offset)."""
         return self.assembly.read_through(partition, next_offset)
 
-    def input_ended(self, now: float, now_ms: int) -> bool:
+    def input_ended(self, now: Instant) -> bool:
         """The task's input is all read; True when that gave the lane something to do at once (a --once run's
         filling batches go out)."""
         if self.settled or self.settling or self.pending:
             return False
-        return self.assembly.input_ended(now, now_ms)
+        return self.assembly.input_ended(now)
 
     # -- flight -----------------------------------------------------------------------------------------------
-    def admit(self, now: float, now_ms: int) -> list[Record]:
+    def admit(self, now: Instant) -> list[Record]:
         """Admit pending rows while the assembly has room; returns the rows it stops holding."""
         admitted = []
         while self.pending:
             record = self.pending[0]
-            placed = self.assembly.place(record, now, now_ms)
+            placed = self.assembly.place(record, now)
             if placed is False:
                 break  # no room (BATCH: its partition has a batch in flight and the next one full; in order)
             admitted.append(self.pending.popleft())
             if isinstance(placed, Refused):
-                self.report.discard(record, placed.reason, placed.ended_by, None, 0, now_ms)
+                self.report.discard(record, placed.reason, placed.ended_by, None, 0, now.ms)
         if not self.pending:
-            self.assembly.placed_all(now, now_ms)
+            self.assembly.placed_all(now)
         if admitted:
             self.counters.inflight_peak = max(self.counters.inflight_peak, self.assembly.held)
             self._stalled_since = None
         return admitted
 
-    def dispatch(self, now: float, now_ms: int, room: int, start: StartAttempt) -> tuple[float | None, int]:
-        """Start due attempts, at most `room` (the transport's free places). Returns (when to look again, or None
-        when only an answer can unblock the lane; attempts started)."""
+    def dispatch(self, now: Instant, room: int, start: StartAttempt) -> tuple[float | None, int]:
+        """Start due attempts, at most `room` (the transport's free places). Returns (when to look again, in
+        monotonic seconds, or None when only an answer can unblock the lane; attempts started)."""
         if self.settling:
             return None, 0
         if not self._batched:
-            return self._start_due(now, now_ms, room, start)
-        self.assembly.close_due(now, now_ms)
-        wake_at, started = self._start_due(now, now_ms, room, start)
+            return self._start_due(now, room, start)
+        self.assembly.close_due(now)
+        wake_at, started = self._start_due(now, room, start)
         close_at = self.assembly.next_close()
         if close_at is not None and (wake_at is None or close_at < wake_at):
             wake_at = close_at
         return wake_at, started
 
-    def _start_due(self, now: float, now_ms: int, room: int, start: StartAttempt) -> tuple[float | None, int]:
+    def _start_due(self, now: Instant, room: int, start: StartAttempt) -> tuple[float | None, int]:
+        at = now.s
         started = 0
         limit = self.flow.concurrency(self.plan.inflight) * self.choice.width
         while self._waiting and self.open < limit:
             due_at, _, unit = self._waiting[0]
-            if due_at > now:
+            if due_at > at:
                 return due_at, started
-            if unit.attempts > 0 and now > self.plan.retry.deadline(unit.first_read_at):
+            if unit.attempts > 0 and at > self.plan.retry.deadline(unit.first_read_at):
                 heapq.heappop(self._waiting)
                 if unit.fresh:
                     unit.fresh = False
                     self._fresh -= 1
-                self._end(unit, now_ms, failure=(unit.last_reason, EndedBy.TTL))
+                self._end(unit, now, failure=(unit.last_reason, EndedBy.TTL))
                 continue
             if started >= room:
-                return now, started
+                return at, started
             bearer = None
             if self.plan.oauth is not None:
                 try:
-                    bearer = self._tokens.token(self.plan.oauth, now)
+                    bearer = self._tokens.token(self.plan.oauth, at)
                 except Wait as wait:  # token requests are spaced: the attempt waits, uncounted
                     heapq.heappop(self._waiting)
                     unit.due_at = wait.at
@@ -218,15 +210,15 @@ class Lane:
                     heapq.heappop(self._waiting)
                     self._begin(unit)
                     unit.attempts += 1
-                    self.answer(unit, now, TransportFailure(FailureKind.CONNECTION, str(error)), now, now_ms)
+                    self.answer(unit, at, TransportFailure(FailureKind.CONNECTION, str(error)), now)
                     continue
-            permit_wait_s = self.cap.try_acquire(now)
+            permit_wait_s = self.cap.try_acquire(at)
             if permit_wait_s > 0:
-                return now + permit_wait_s, started
+                return at + permit_wait_s, started
             heapq.heappop(self._waiting)
             self._begin(unit)
             unit.bearer = bearer
-            start(self._request(unit, now_ms), (self, unit, now))
+            start(self._request(unit, now), (self, unit, at))
             unit.attempts += 1
             started += 1
         return None, started
@@ -241,10 +233,10 @@ class Lane:
         self.open += 1
         self.counters.attempts += 1
 
-    def _request(self, unit: Unit, now_ms: int) -> HttpRequest:
+    def _request(self, unit: Unit, now: Instant) -> HttpRequest:
         """One attempt: the subscription's lines, the endpoint's Authorization (or the OAuth bearer), the unit's
         id and retry count, an AVRO message's schema lines, and the signature of the exact body when the
-        subscription signs (timestamp: `now_ms`, in whole seconds)."""
+        subscription signs (timestamp: `now` on the wall clock, in whole epoch seconds)."""
         plan = self.plan
         index = self.choice.pick(unit)
         target = self._targets[index]
@@ -255,12 +247,12 @@ class Lane:
             lines += unit.schema_lines()
         body = unit.body(plan.avro)
         if plan.signing_keys:
-            lines += signature_lines(plan.signing_keys, unit.id, now_ms // 1000, body)
+            lines += signature_lines(plan.signing_keys, unit.id, now.ms // 1000, body)
         return HttpRequest(unit.url(index) or target.url, lines, body, plan.request_timeout_s,
                            plan.socket_timeout_s, tls=plan.tls)
 
-    def answer(self, unit: Unit, started_at: float, result, now: float, now_ms: int) -> None:
-        """Classify the answer to an attempt and deliver, retry or discard."""
+    def answer(self, unit: Unit, started_at: float, result, now: Instant) -> None:
+        """Classify the answer to an attempt (begun at `started_at`, in seconds) and deliver, retry or discard."""
         self.open -= 1
         if unit.opening:
             unit.opening = False
@@ -268,7 +260,7 @@ class Lane:
         if isinstance(result, HttpAnswer):
             outcome = classify(result.status, result.retry_after,
                                retry_client_errors=self.plan.retry.retry_client_errors,
-                               oauth=self.plan.oauth is not None, now_epoch_s=now_ms / 1000)
+                               oauth=self.plan.oauth is not None, now_epoch_s=now.ms / 1000)
             if self.plan.oauth is not None:
                 if result.status == 401:
                     self._tokens.invalidate(self.plan.oauth, unit.bearer)
@@ -277,36 +269,36 @@ class Lane:
         else:
             outcome = classify(failure=result)
         if self.pin is not None:
-            self._pin_answered(outcome.verdict is Verdict.DELIVERED, now_ms)
+            self._pin_answered(outcome.verdict is Verdict.DELIVERED, now.ms)
         counters = self.counters
         category = outcome.category.value
         setattr(counters, category, getattr(counters, category) + 1)
         self.flow.record(outcome.slows, started_at)
         if outcome.verdict is Verdict.DELIVERED:
-            self._end(unit, now_ms)
+            self._end(unit, now)
             return
         unit.last_status, unit.last_reason = outcome.status, outcome.reason
         if self._tracing:
             for record in unit.records:
-                self.report.trace(record, FAILED, now_ms, outcome.reason, outcome.status)
-        step = self.plan.retry.after_failure(outcome, unit.attempts, unit.first_read_at, unit.backoff_s, now,
+                self.report.trace(record, FAILED, now.ms, outcome.reason, outcome.status)
+        step = self.plan.retry.after_failure(outcome, unit.attempts, unit.first_read_at, unit.backoff_s, now.s,
                                              self.rng)
         if isinstance(step, Retry):
             unit.due_at, unit.backoff_s = step.due_at, step.backoff_s
             self.ready(unit)
         else:
             assert isinstance(step, GiveUp)
-            self._end(unit, now_ms, failure=(step.reason, step.ended_by))
+            self._end(unit, now, failure=(step.reason, step.ended_by))
 
     def _pin_answered(self, accepted: bool, now_ms: int) -> None:
-        """The pinned endpoint answered; once it has refused for its timeout the lane starts nothing more
-        (its unfinished units are carried or parked, and the driver gives the pin up)."""
+        """The pinned endpoint answered (at `now_ms`, epoch ms); once it has refused for its timeout the lane
+        starts nothing more (its unfinished units are carried or parked, and the driver gives the pin up)."""
         self.pin.answer(accepted, now_ms)
         self.report.pin_news = self.pin.news()
         if self.pin.expired(now_ms):
             self.settling = True
 
-    def _end(self, unit: Unit, now_ms: int, failure: tuple[str, str] | None = None) -> None:
+    def _end(self, unit: Unit, now: Instant, failure: tuple[str, str] | None = None) -> None:
         """`unit` ended: delivered, or given up with `failure` (reason, ended_by: an undelivered row for each
         of its messages; for a BROADCAST member, naming the endpoint it missed). Its message(s) end with it,
         or (BROADCAST) with the last member: delivered only if no member was given up."""
@@ -317,7 +309,7 @@ class Lane:
             target = self._targets[unit.target] if unit.target_fixed else None
             endpoint = (target.shown or target.url) if target is not None else None
             for record in unit.records:
-                self.report.discard(record, failure[0], failure[1], unit.last_status, unit.attempts, now_ms,
+                self.report.discard(record, failure[0], failure[1], unit.last_status, unit.attempts, now.ms,
                                      endpoint, unit.batch_id)
         if became is None:
             return
@@ -335,7 +327,7 @@ class Lane:
             self.report.delivered.extend((record.partition, record.offset) for record in records)
         if self._tracing:
             for record in records:
-                self.report.trace(record, SUCCESS, now_ms)
+                self.report.trace(record, SUCCESS, now.ms)
 
     def _ended_carried(self, record: Record, how: str) -> None:
         """A message (batch) this lane continued from a carried state ended (SUCCESS or DISCARDED): say so, so
@@ -343,9 +335,9 @@ class Lane:
         if self._resume and self.plan.positional and (record.partition, record.offset) in self._resume:
             self.report.ended_carried.append((record.partition, record.offset, how))
 
-    def adjust(self, now: float) -> None:
+    def adjust(self, now: Instant) -> None:
         """Let the adaptive controller close its window; the hard cap follows its rate."""
-        if self.flow.adjust(now):
+        if self.flow.adjust(now.s):
             self.cap.set_rate(self.flow.rate_per_s)
 
     # -- state ------------------------------------------------------------------------------------------------
@@ -353,10 +345,10 @@ class Lane:
     def finished(self) -> bool:
         return not self.pending and self.assembly.empty
 
-    def stalled(self, now: float, input_done: bool) -> float | None:
-        """Since when nothing but retries (and batches waiting for their time) can move this lane: every unit in
-        flight has been tried, and no more input comes or there is no room; -inf when it may settle at once;
-        None when something else still can move it."""
+    def stalled(self, now: Instant, input_done: bool) -> float | None:
+        """Since when (monotonic seconds) nothing but retries (and batches waiting for their time) can move this
+        lane: every unit in flight has been tried, and no more input comes or there is no room; -inf when it may
+        settle at once; None when something else still can move it."""
         how = None if self._fresh or self._open_first else self.assembly.stuck(input_done, bool(self.pending))
         if how is None:
             self._stalled_since = None
@@ -364,22 +356,22 @@ class Lane:
         if how == "now":
             return -math.inf  # only filling batches: carry them now rather than hold the round
         if self._stalled_since is None:
-            self._stalled_since = now
+            self._stalled_since = now.s
         return self._stalled_since
 
-    def throttled_s(self, now: float) -> float:
+    def throttled_s(self, now: Instant) -> float:
         """Seconds its rate makes its next attempt wait (0 when it has nothing waiting to start, or may start)."""
         if not self._waiting and not self.pending:
             return 0.0
-        return max(0.0, self.cap.next_free - now)
+        return max(0.0, self.cap.next_free - now.s)
 
-    def settle(self, now: float, now_ms: int, progress: dict[int, int], input_done: bool) -> list[Record]:
+    def settle(self, now: Instant, progress: dict[int, int], input_done: bool) -> list[Record]:
         """End the lane (no attempt open): stop its position at what was never attempted, carry or park what is
         unfinished. Returns the rows it stops holding."""
         assert self.open == 0, "settle with attempts open"
         dropped = [] if input_done or self.cut else self.cut_input(progress)
         dropped += self._leave_pending()
-        leftovers = self.assembly.leftovers((unit for _, _, unit in self._waiting), now, now_ms)
+        leftovers = self.assembly.leftovers((unit for _, _, unit in self._waiting), now)
         self._waiting.clear()
         positional = self.plan.positional
         retrying = []

@@ -190,20 +190,20 @@ class LaneReport:
             self.stops[partition] = offset
 
     def discard(self, record: Record, reason: str, ended_by: str, status: int | None, attempts: int,
-                now_ms: int | None, endpoint: str | None = None, batch_id: str | None = None) -> None:
-        """`record` goes to the undelivered table with `reason` (`now_ms`: when, epoch ms)."""
+                discarded_ms: int | None, endpoint: str | None = None, batch_id: str | None = None) -> None:
+        """`record` goes to the undelivered table with `reason` (`discarded_ms`: when, epoch ms)."""
         self.counters.discarded += 1
         self.discarded.append(Discarded(
             partition=record.partition, offset=record.offset, message_id=record.message_id, reason=reason,
             ended_by=ended_by, http_status=status, attempts=attempts, message=record.body,
-            published_ms=record.timestamp_ms, discarded_ms=now_ms or 0, raw_value=record.raw,
+            published_ms=record.timestamp_ms, discarded_ms=discarded_ms or 0, raw_value=record.raw,
             schema_id=record.schema_id, schema_version=record.schema_version, endpoint=endpoint, key=record.key,
             batch_id=batch_id))
 
-    def trace(self, record: Record, status: str, now_ms: int, reason: str | None = None,
+    def trace(self, record: Record, status: str, event_ms: int, reason: str | None = None,
               http_status: int | None = None) -> None:
-        """A step of `record`'s history (tracking), at `now_ms` (epoch ms)."""
-        self.traced.append(Traced(record.partition, record.offset, record.message_id, status, now_ms, reason,
+        """A step of `record`'s history (tracking), at `event_ms` (epoch ms)."""
+        self.traced.append(Traced(record.partition, record.offset, record.message_id, status, event_ms, reason,
                                   http_status))
 
     def forget_rereads(self) -> None:

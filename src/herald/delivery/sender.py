@@ -18,9 +18,11 @@ Hermes' rules. It:
    are parked (or carried, for an ordered subscription or beyond its stop).
 
 It returns when every lane is finished or settled, with a `TaskReport`. Time comes from an injectable
-monotonic `clock` (seconds) and `wall_clock_ms` (epoch ms); the loop waits in the transport's `poll` while
-attempts are open and in `sleep` (seconds) otherwise, so tests run it on a fake clock without real waiting
-(with `prefetch=False`, the input is read on the loop's thread, so that such a test does not race a thread).
+monotonic `clock` (seconds) and `wall_clock_ms` (epoch ms), read together into one `clock.Instant` per turn
+of the loop and per answer: lanes get that one value, the loop's own times (deadline, sweeps, timers) are its
+monotonic seconds. The loop waits in the transport's `poll` while attempts are open and in `sleep` (seconds)
+otherwise, so tests run it on a fake clock without real waiting (with `prefetch=False`, the input is read on
+the loop's thread, so that such a test does not race a thread).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from herald.delivery.clock import Instant, wall_clock_ms
 from herald.delivery.control import ControlPoller
 from herald.delivery.input import InlineReader, InputBatch, Prefetcher
 from herald.delivery.lane import Lane
@@ -49,10 +52,6 @@ _INPUT_POLL_S = 0.01  # longest wait for an answer while more input may be ready
 _IDLE_WAIT_S = 0.5
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class TaskSender:
     """Delivers one task's rows for every lane of `plan`; use once per task. `stop()` returning True ends it
     as the deadline would."""
@@ -62,7 +61,7 @@ class TaskSender:
         plan: TaskPlan,
         transport: Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock_ms: Callable[[], int] = _now_ms,
+        wall_clock_ms: Callable[[], int] = wall_clock_ms,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         task_index: int = 0,
@@ -95,13 +94,13 @@ class TaskSender:
         self._control: ControlPoller | None = None
 
     def run(self, batches: Iterable[InputBatch]) -> TaskReport:
-        now, now_ms = self.clock(), self.wall_clock_ms()
+        now = Instant(self.clock(), self.wall_clock_ms())
         if self.transport is None:
             self.transport = open_transport(self.plan.transport, self.plan.max_open)
         for index, whole in self.plan.lanes.items():
             lane_plan = whole.share(self.plan.tasks, self.task_index)
-            lane = Lane(index, lane_plan, now, now_ms, self.rng, self.tokens, flush=self.plan.flush_batches)
-            lane.counters.started_ms = now_ms
+            lane = Lane(index, lane_plan, now, self.rng, self.tokens, flush=self.plan.flush_batches)
+            lane.counters.started_ms = now.ms
             if lane_plan.inflight <= 0:
                 lane.cut_input({})  # every slot is held by parked retries: it takes nothing new
             self.lanes[index] = lane
@@ -109,7 +108,7 @@ class TaskSender:
         self._tracing = [lane for lane in self.lanes.values() if lane.plan.tracks_all]
         self._batching = [lane for lane in self.lanes.values() if lane.tracks_reads]
         reader = Prefetcher(batches) if self.prefetch else InlineReader(batches)
-        deadline = now + self.plan.budget_s
+        deadline = now.s + self.plan.budget_s
         self._control = ControlPoller(self.plan.control_url, self.plan.control_poll_s) if self.plan.control_url \
             else None
         try:
@@ -124,30 +123,33 @@ class TaskSender:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def _loop(self, reader: Prefetcher, deadline: float) -> None:
+        """Turn until done; `deadline` in monotonic seconds."""
         transport = self.transport
+        clock, wall_clock_ms = self.clock, self.wall_clock_ms
         next_sweep = 0.0
         while True:
-            now, now_ms = self.clock(), self.wall_clock_ms()
-            stopping = now >= deadline or self.stop()
+            now = Instant(clock(), wall_clock_ms())
+            at = now.s
+            stopping = at >= deadline or self.stop()
             if stopping:
                 if transport.open == 0:
-                    self._settle_all(now, now_ms, reader.done)
+                    self._settle_all(now, reader.done)
                     return
             else:
-                self._read(reader, now_ms)
-                while self._timers and self._timers[0][0] <= now:
+                self._read(reader, now)
+                while self._timers and self._timers[0][0] <= at:
                     self._ready[heapq.heappop(self._timers)[2]] = None
-                self._pump(now, now_ms)
-                if now >= next_sweep:
-                    next_sweep = now + _SWEEP_S
-                    self._sweep(now, now_ms, reader.done)
+                self._pump(now)
+                if at >= next_sweep:
+                    next_sweep = at + _SWEEP_S
+                    self._sweep(now, reader.done)
                 if reader.done and transport.open == 0 and all(l.finished or l.settled for l in self.lanes.values()):
                     return
-            wait_s = _IDLE_WAIT_S if stopping else self._wait_s(now, deadline, next_sweep, reader)
+            wait_s = _IDLE_WAIT_S if stopping else self._wait_s(at, deadline, next_sweep, reader)
             if transport.open:
                 for token, result in transport.poll(wait_s):
                     lane, delivery, started_at = token
-                    lane.answer(delivery, started_at, result, self.clock(), self.wall_clock_ms())
+                    lane.answer(delivery, started_at, result, Instant(clock(), wall_clock_ms()))
                     if not stopping:
                         self._ready[lane] = None
             elif wait_s > 0:
@@ -159,35 +161,35 @@ class TaskSender:
                 self._ready.update(self._no_room)
                 self._no_room.clear()
 
-    def _wait_s(self, now: float, deadline: float, next_sweep: float, reader: Prefetcher) -> float:
-        """How long the loop may wait before it has something to do (seconds)."""
+    def _wait_s(self, at: float, deadline: float, next_sweep: float, reader: Prefetcher) -> float:
+        """How long the loop may wait before it has something to do (seconds; `at`: now, monotonic seconds)."""
         if self._ready:
             return 0.0
-        wait_s = min(deadline - now, next_sweep - now, _IDLE_WAIT_S)
+        wait_s = min(deadline - at, next_sweep - at, _IDLE_WAIT_S)
         if self._timers:
-            wait_s = min(wait_s, self._timers[0][0] - now)
+            wait_s = min(wait_s, self._timers[0][0] - at)
         if not reader.done and self._room_to_read():
             wait_s = min(wait_s, _INPUT_POLL_S)
         return max(wait_s, 0.0)
 
-    def _pump(self, now: float, now_ms: int) -> None:
+    def _pump(self, now: Instant) -> None:
         """Let every ready lane admit rows and start due attempts."""
         transport = self.transport
         ready, self._ready = self._ready, {}
         for lane in ready:
             if lane.settled:
                 continue
-            self._release(lane.admit(now, now_ms))
+            self._release(lane.admit(now))
             room = transport.max_open - transport.open
-            wake_at, _ = lane.dispatch(now, now_ms, room, transport.start)
+            wake_at, _ = lane.dispatch(now, room, transport.start)
             if wake_at is None:
                 continue
-            if wake_at <= now:  # the transport is full
+            if wake_at <= now.s:  # the transport is full
                 self._no_room[lane] = None
             else:
                 heapq.heappush(self._timers, (wake_at, next(self._sequence), lane))
 
-    def _sweep(self, now: float, now_ms: int, input_done: bool) -> None:
+    def _sweep(self, now: Instant, input_done: bool) -> None:
         """Close flow windows; settle lanes that have had nothing but retries for `park_after_s`, and lanes whose
         subscription was suspended, removed or edited since the round was planned (as at the deadline)."""
         versions = self._control.versions() if self._control is not None else None
@@ -200,36 +202,36 @@ class TaskSender:
                     self._release(lane.cut_input(self._progress))
                 lane.settling = True
             lane.adjust(now)
-            if input_done and lane.input_ended(now, now_ms):
+            if input_done and lane.input_ended(now):
                 self._ready[lane] = None
                 continue
             if not lane.settling:
                 since = lane.stalled(now, input_done)
-                lane.settling = since is not None and now - since >= self.plan.park_after_s or (
+                lane.settling = since is not None and now.s - since >= self.plan.park_after_s or (
                     self.plan.settle_throttled and lane.throttled_s(now) > self.plan.park_after_s) or (
-                    lane.pin is not None and lane.pin.expired(now_ms))  # its pinned endpoint timed out
+                    lane.pin is not None and lane.pin.expired(now.ms))  # its pinned endpoint timed out
             if lane.settling and lane.open == 0:
-                self._release(lane.settle(now, now_ms, self._progress, input_done))
+                self._release(lane.settle(now, self._progress, input_done))
 
-    def _settle_all(self, now: float, now_ms: int, input_done: bool) -> None:
+    def _settle_all(self, now: Instant, input_done: bool) -> None:
         for lane in self.lanes.values():
             if not lane.settled:
-                self._release(lane.settle(now, now_ms, self._progress, input_done))
+                self._release(lane.settle(now, self._progress, input_done))
 
     # -- input ------------------------------------------------------------------------------------------------
     def _room_to_read(self) -> bool:
         return self._held_rows < self.plan.readahead_rows and self._held_bytes < self.plan.readahead_bytes
 
-    def _read(self, reader: Prefetcher, now_ms: int) -> None:
+    def _read(self, reader: Prefetcher, now: Instant) -> None:
         while self._room_to_read():
             batch = reader.take()
             if batch is None:
                 break
-            self._feed(batch, now_ms)
+            self._feed(batch, now)
         if not self._room_to_read():
             self._relieve()
 
-    def _feed(self, batch: InputBatch, now_ms: int) -> None:
+    def _feed(self, batch: InputBatch, now: Instant) -> None:
         for partition, offsets in batch.offsets.items():
             if len(offsets):
                 self._offsets.setdefault(partition, []).append(offsets)
@@ -241,13 +243,13 @@ class TaskSender:
                 lane = lanes.get(index)
                 if lane is None or lane.cut or lane.settled:
                     continue
-                if lane.take(record, now_ms):
+                if lane.take(record, now):
                     self._hold(record)
                     self._ready[lane] = None
             if tracing:
                 for lane in tracing:
                     if lane.index not in targets and not lane.cut and not lane.settled:
-                        lane.passed_over(record, now_ms)
+                        lane.passed_over(record, now)
         for lane in self._batching:
             if lane.cut or lane.settled:
                 continue
@@ -288,7 +290,7 @@ class TaskSender:
 
     # -- report -----------------------------------------------------------------------------------------------
     def _report(self, exhausted: bool) -> TaskReport:
-        now, now_ms = self.clock(), self.wall_clock_ms()
+        now = Instant(self.clock(), self.wall_clock_ms())
         offsets = {p: np.concatenate(arrays) for p, arrays in self._offsets.items()}
         report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted,
                             firsts={p: int(values[0]) for p, values in offsets.items() if len(values)},
@@ -297,9 +299,9 @@ class TaskSender:
             lane.report.forget_rereads()
             lane_report = lane.report
             lane_report.counters.read = _rows_gone_through(offsets, lane.plan.starts, lane_report.stops, lane.cut)
-            lane_report.counters.finished_ms = now_ms
-            next_free = lane.cap.next_free
-            next_permit_ms = now_ms + math.ceil((next_free - now) * 1000) if math.isfinite(next_free) else 0
+            lane_report.counters.finished_ms = now.ms
+            next_free = lane.cap.next_free  # carried on as epoch ms, rounded up (0: none)
+            next_permit_ms = now.ms + math.ceil((next_free - now.s) * 1000) if math.isfinite(next_free) else 0
             lane_report.flow_state = lane.flow.state(max(next_permit_ms, 0))
             report.lanes[index] = lane_report
         return report

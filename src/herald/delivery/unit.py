@@ -12,13 +12,15 @@ classifies answers, backs off, and at the end carries or parks what is unfinishe
 - what its end made of its message(s) (`end`): delivered, discarded, or (a BROADCAST member whose siblings
   have not all ended) nothing yet.
 
-Its attempt state runs on the task's monotonic clock (seconds: `first_read_at`, `due_at`); `state` turns it
-into a `RetryState` on the wall clock (epoch ms) to continue in another task, round or process. A unit ends
-exactly once: delivered, discarded, parked or carried (`finish` asserts it).
+Its attempt state runs on the task's monotonic clock (seconds: `first_read_at`, `due_at`); `state` turns it,
+at the loop's `herald.delivery.clock.Instant`, into a `RetryState` on the wall clock (epoch ms) to continue in
+another task, round or process, and `resume` turns one back. A unit ends exactly once: delivered, discarded,
+parked or carried (`finish` asserts it).
 """
 
 from __future__ import annotations
 
+from herald.delivery.clock import Instant
 from herald.delivery.message import Record, RetryState
 
 
@@ -78,22 +80,22 @@ class Unit:
         return "discarded" if failed else "delivered"
 
     # -- its progress -----------------------------------------------------------------------------------------
-    def resume(self, state: RetryState, now: float, now_ms: int) -> Unit:
-        """Continue from `state`: the TTL clock keeps running, attempts keep counting."""
-        self.first_read_at = now - (now_ms - state.first_read_ms) / 1000
-        self.due_at = now + max(0, state.due_ms - now_ms) / 1000
+    def resume(self, state: RetryState, now: Instant) -> Unit:
+        """Continue from `state` (epoch ms): the TTL clock keeps running, attempts keep counting."""
+        self.first_read_at = now.from_ms(state.first_read_ms)
+        self.due_at = max(now.s, now.from_ms(state.due_ms))
         self.attempts = state.attempts
         self.backoff_s = state.backoff_s
         self.last_status = state.last_status
         self.last_reason = state.last_reason
         return self
 
-    def state(self, now: float, now_ms: int) -> RetryState:
-        """Its progress on the wall clock, to continue elsewhere."""
+    def state(self, now: Instant) -> RetryState:
+        """Its progress on the wall clock (epoch ms), to continue elsewhere."""
         return RetryState(
             attempts=self.attempts,
-            first_read_ms=now_ms - round((now - self.first_read_at) * 1000),
-            due_ms=now_ms + max(0, round((self.due_at - now) * 1000)),
+            first_read_ms=now.to_ms(self.first_read_at),
+            due_ms=max(now.ms, now.to_ms(self.due_at)),
             backoff_s=self.backoff_s,
             last_status=self.last_status,
             last_reason=self.last_reason,
