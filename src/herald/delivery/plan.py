@@ -68,6 +68,9 @@ class LanePlan:
         its repr never shows the key's passphrase.
     pin: priority pinned: the pin the round got (`targets` is then the pinned endpoint alone, and
         `header_lines` carry its Herald-Pin-Id); the lane watches the endpoint's answers (`herald.delivery.pin`).
+    departed: BROADCAST: the last `departed` of `targets` are endpoints that left the subscription's list or
+        discovered set; only members of resumed messages that still owe them an answer go there, never a new
+        message (docs/design.md §5c).
     """
 
     subscription_id: str
@@ -95,6 +98,7 @@ class LanePlan:
     version: str
     tls: TlsSettings | None
     pin: PinPlan | None
+    departed: int = 0
 
     @property
     def tracks_all(self) -> bool:

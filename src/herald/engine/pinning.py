@@ -57,6 +57,7 @@ class Pin:
     pin_id: str
     timeout_ms: int
     refused_since_ms: int | None
+    endpoint: str = ""  # the pinned endpoint as people see it (the planner finds it by this, §5c)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class PinGroup:
         if self.leaving is not None or self.index is None:
             return None
         self.rounds += 1
-        return Pin(self.index, self.pin_id, self.timeout_ms, self.refused_since_ms)
+        return Pin(self.index, self.pin_id, self.timeout_ms, self.refused_since_ms, self.endpoint)
 
     def release(self, pin: Pin, news: PinNews | None, now_ms: int) -> Advisory | None:
         """A round planned with `pin` ended, having seen `news`. Returns the `unpinned` advisory when the pin

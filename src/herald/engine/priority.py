@@ -72,6 +72,10 @@ class Priority:
         self.wakers: list[Callable[[], None]] = []
         self._lock = threading.RLock()
         self._groups: dict[str, PinGroup] = {}
+        self._waiting: set[str] = set()  # pinned subscriptions whose endpoints are not known yet (§5c)
+        self.endpoints_of: Callable[[Subscription], tuple[str, ...] | None] = shown_endpoints
+        """A subscription's endpoints as people see them, in order; None while they are not known yet (a
+        discovered set before its first answer): its group then waits, and its rounds with it."""
         self._batches = itertools.count(1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -79,17 +83,21 @@ class Priority:
     # -- configuration ----------------------------------------------------------------------------------------
     def configure(self, subscriptions: Iterable[Subscription]) -> None:
         """The ACTIVE subscriptions now: a pinned one seen for the first time takes up its pin from the table;
-        an edit that drops its pinned endpoint gives the pin up; one no longer here (or no longer pinned) is
-        forgotten."""
+        an edit (or a discovered set, §5c) that drops its pinned endpoint gives the pin up; one no longer here
+        (or no longer pinned) is forgotten. Call it again when a discovered set changes."""
         pinned = {s.id: s for s in subscriptions if s.priority is not None and s.priority.policy == "pinned"}
         with self._lock:
             for subscription_id in set(self._groups) - set(pinned):
                 del self._groups[subscription_id]
-            new = [sid for sid in pinned if sid not in self._groups]
+            endpoints_of = {sid: self.endpoints_of(subscription) for sid, subscription in pinned.items()}
+            self._waiting = {sid for sid, endpoints in endpoints_of.items() if endpoints is None}
+            new = [sid for sid in pinned if sid not in self._groups and sid not in self._waiting]
             last = last_advisories(self.store) if new else {}
             now = self.now_ms()
             for subscription_id, subscription in pinned.items():
-                endpoints, timeout_ms = shown_endpoints(subscription), subscription.priority.timeoutMs
+                endpoints, timeout_ms = endpoints_of[subscription_id], subscription.priority.timeoutMs
+                if endpoints is None:
+                    continue  # not known yet: it waits (`lease` holds it)
                 group = self._groups.get(subscription_id)
                 if group is None:
                     group = self._groups[subscription_id] = PinGroup(subscription_id, endpoints, timeout_ms)
@@ -103,8 +111,11 @@ class Priority:
             return subscription_id in self._groups
 
     def holds(self, subscription_id: str) -> bool:
-        """True while a pinned subscription has no pin to deliver with (it is changing hands)."""
+        """True while a pinned subscription has no pin to deliver with (it is changing hands, or its endpoints
+        are not known yet)."""
         with self._lock:
+            if subscription_id in self._waiting:
+                return True
             group = self._groups.get(subscription_id)
             return group is not None and (group.leaving is not None or group.index is None)
 
@@ -115,7 +126,7 @@ class Priority:
         with self._lock:
             group = self._groups.get(subscription_id)
             if group is None:
-                return None
+                return HELD if subscription_id in self._waiting else None
             self._switch_if_due(group)
             pin = group.lease()
             return HELD if pin is None else pin
@@ -171,8 +182,9 @@ class Priority:
     # -- recording --------------------------------------------------------------------------------------------
     def _switch_if_due(self, group: PinGroup) -> None:
         """(lock held) Pin the next endpoint once the old pin's rounds have ended; recorded first. When the
-        table cannot be written the subscription keeps waiting, and the switch is tried again later."""
-        if not group.due():
+        table cannot be written the subscription keeps waiting, and the switch is tried again later. With no
+        endpoint (an empty discovered set, §5c) it waits for one."""
+        if not group.due() or not group.endpoints:
             return
         pinned = group.next_pin(self.now_ms())
         try:

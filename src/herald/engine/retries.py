@@ -28,7 +28,7 @@ from herald.delivery.sender import TaskSender
 from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext, now_ms
 from herald.engine.pinning import PinNews
-from herald.engine.planner import lane_plan
+from herald.engine.planner import lane_plan, named
 from herald.engine.priority import HELD
 from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row
 from herald.engine.state import SubscriptionState
@@ -119,7 +119,9 @@ class RetryDriver:
             wait_until = now_ms() + patience_ms
             return all(m.state.due_ms > since_ms or self._tried_here(sid, m)
                        or self._next_permit.get(sid, 0) > wait_until
-                       for sid, messages in self._parked.items() if sid in self._active for m in messages.values())
+                       for sid, messages in self._parked.items()
+                       if sid in self._active and not self.context.discovery.holds(sid)  # no endpoint: next run
+                       for m in messages.values())
 
     def summary(self) -> tuple[int, int | None]:
         """(parked messages, the earliest next attempt in epoch ms, or None)."""
@@ -176,7 +178,7 @@ class RetryDriver:
             due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)]
                    for sid, messages in self._parked.items()
                    if sid in self._active and self._next_permit.get(sid, 0) <= horizon
-                   and not self.context.priority.holds(sid)}  # held: its pin changes hands (the switch wakes us)
+                   and not self.context.holds(sid)}  # held: its pin changes hands, or it has no endpoint (§5c)
         return {sid: messages for sid, messages in due.items() if messages}
 
     def _tried_here(self, subscription_id: str, message: ParkedMessage) -> bool:
@@ -202,20 +204,24 @@ class RetryDriver:
                 state.flow = FlowState(flow.mode, flow.rate_per_s if flow.mode is not FlowMode.NORMAL else None,
                                        state.flow.next_permit_ms)
 
-    def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome) -> None:
+    def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome,
+                 targets: tuple = ()) -> None:
         """Record what the round did to each of a subscription's `due` messages, and only that: delivered or
         discarded (it leaves the registry with a terminal row), attempted and still retrying (parked again
-        with its new state), or never attempted (a stop came first: it stays parked as it was, no row)."""
+        with its new state, its BROADCAST endpoints named from the round's `targets`), or never attempted (a
+        stop came first: it stays parked as it was, no row)."""
         delivered = set(lane.delivered)
         ended = {(item.partition, item.offset) for item in lane.discarded}
-        again = {(item.record.partition, item.record.offset): item for item in lane.parked}
+        again = {(item.record.partition, item.record.offset): replace(item, state=named(item.state, targets))
+                 for item in lane.parked}
         with self._lock:
             registry = self._parked.get(subscription_id, {})
             for message in due:
                 key = (message.record.partition, message.record.offset)
                 item = again.get(key)
                 if item is not None:  # some endpoint still to reach, or still retrying
-                    if item.state.attempts != message.state.attempts or item.state.targets != message.state.targets:
+                    if (item.state.attempts != message.state.attempts
+                            or _progress(item.state) != _progress(message.state)):
                         if self.once:
                             self._tried.add((subscription_id, *key))
                         outcome.parked.append(item)
@@ -235,6 +241,8 @@ class RetryDriver:
         context = self.context
         with self._lock:
             active = [self._active[sid] for sid in due if sid in self._active]
+        endpoints = {subscription.id: context.endpoints_of(subscription) for subscription in active}
+        active = [subscription for subscription in active if endpoints[subscription.id]]  # none: it waits (§5c)
         pins = {subscription.id: context.priority.lease(subscription.id) for subscription in active}
         subscriptions = [subscription for subscription in active if pins[subscription.id] != HELD]
         report = None
@@ -246,9 +254,10 @@ class RetryDriver:
                 flow = live[1].flow if live else FlowState()
                 flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
                 state = SubscriptionState(subscription, flow=flow)
-                plan = lane_plan(state, context.flow_settings, len(messages), retries=True,
-                                 providers=context.oauth_providers, pin=pins[subscription.id])
-                lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
+                lanes[index] = lane_plan(state, context.flow_settings, len(messages), retries=True,
+                                         providers=context.oauth_providers, pin=pins[subscription.id],
+                                         endpoints=endpoints[subscription.id], former=context.former_endpoint,
+                                         resume={(m.record.partition, m.record.offset): m.state for m in messages})
                 rows.extend((m.record, (index,)) for m in messages)
             plan = steps.task_plan(context, "", lanes)
             started = time.monotonic()
@@ -266,7 +275,7 @@ class RetryDriver:
             self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
             outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
                                           discarded=lane.discarded, traced=lane.traced)
-            self._resolve(subscription.id, due[subscription.id], lane, outcome)
+            self._resolve(subscription.id, due[subscription.id], lane, outcome, lanes[index].targets)
             result.outcomes.append(outcome)
         steps.record(context, result, time.monotonic() - started)  # its parked messages: `_resolve` kept them
         ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
@@ -275,3 +284,8 @@ class RetryDriver:
                  sum(o.counters.discarded for o in result.outcomes), sum(len(o.parked) for o in result.outcomes),
                  len(rows) - ended)
         return result
+
+
+def _progress(state: RetryState) -> list[tuple]:
+    """A BROADCAST state's progress at each endpoint it still owes, whatever that endpoint's place in a round."""
+    return [(target.endpoint or target.index, target.attempts, target.due_ms) for target in state.targets]

@@ -43,15 +43,22 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
                  parked_count: Callable[[str], int]) -> list[Participant]:
     """Each (index in the rows' `targets`, state) with the plan of its share of the round. A pinned
     subscription takes part with its pin (the caller's `release_pins` gives it back when the round ends), or,
-    while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up)."""
+    while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up). So
+    does a subscription with no endpoint discovered (docs/design.md §5c); one with some is planned with its set
+    as it is now."""
     chosen = []
     for index, state in states:
+        endpoints = context.endpoints_of(state.subscription)
+        if not endpoints:
+            state.busy = False
+            continue
         pin = context.priority.lease(state.id)
         if pin == HELD:
             state.busy = False
             continue
-        chosen.append(Participant(index, state, lane_plan(state, context.flow_settings, parked_count(state.id),
-                                                          providers=context.oauth_providers, pin=pin), pin))
+        plan = lane_plan(state, context.flow_settings, parked_count(state.id), providers=context.oauth_providers,
+                         pin=pin, endpoints=endpoints, former=context.former_endpoint)
+        chosen.append(Participant(index, state, plan, pin))
     return chosen
 
 

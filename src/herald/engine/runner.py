@@ -77,6 +77,9 @@ class Runner:
         context = EngineContext(self.spark, self.config, connector, store, TableWriter(store), once=once)
         context.catchup_slots = threading.Semaphore(max(1, context.parallelism // 2))
         active = self.config.active_subscriptions(self.only)
+        context.discovery.configure(active)
+        context.discovery.step()  # discovered sets: the first answers, awaited (each lookup within its timeoutMs)
+        context.discovery.changed.append(lambda subscription_id, change: self._endpoints_changed())
         context.priority.configure(active)  # the pins, first ones recorded, before any round asks for them
         if not once:  # a --once run sees no configuration change
             self.control = ControlServer(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
@@ -89,6 +92,8 @@ class Runner:
         self.topics = topics = Topics(context, self.config, self.only, StateBook(store, context.writer),
                                       QuerySupervisor(once), retries)
         context.priority.wakers.extend([retries.wake, topics.wake_catchups])
+        context.discovery.wakers.extend([retries.wake, topics.wake_catchups])
+        context.discovery.start()
         if self._metrics_port is not None:
             self._start_exporter(context)
         self._ensure_dead_letters()
@@ -121,6 +126,10 @@ class Runner:
         if self.control is not None:
             self.control.publish(self.config.active_subscriptions(self.only), self.context.priority.pin_ids())
 
+    def _endpoints_changed(self) -> None:
+        """A discovered set changed (§5c): the priority groups follow it."""
+        self.context.priority.configure(self.config.active_subscriptions(self.only))
+
     def _live_state(self, subscription_id: str):
         """(topic lock, state) of a running subscription, or None (the retry driver starts from its flow)."""
         return self.topics.live_state(subscription_id) if self.topics is not None else None
@@ -138,6 +147,7 @@ class Runner:
         context.round_listeners.append(self.exporter.observe)
         self.exporter.know(self.config.active_subscriptions(self.only))
         context.priority.listeners.append(self.exporter.advised)
+        context.discovery.polled.append(self.exporter.polled)
         self.exporter.start()
 
     def _ensure_dead_letters(self) -> None:
@@ -161,6 +171,7 @@ class Runner:
         """Apply a new configuration to the running job (from the watcher); see `Topics.apply`. Raises, changing
         nothing, when Kafka cannot be asked (the watcher tries again)."""
         with self.topics.lock:
+            self.context.discovery.configure(config.active_subscriptions(self.only))  # before any round plans
             self.topics.apply(config)
             for section in ("kafka", "storage", "spark"):
                 if getattr(config.settings, section) != getattr(self.config.settings, section):
@@ -253,7 +264,8 @@ class Runner:
             with pipeline.lock:
                 for state in pipeline.states.values():
                     frontier = pipeline.frontier or {}
-                    if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)):
+                    if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)
+                                      and not self.context.discovery.holds(state.id)):  # no endpoint: next run
                         return False
         return (self.retries.tried_since(self._started_ms, int(deadline_s * 1000))
                 and self.context.writer.pending == 0)
@@ -270,6 +282,7 @@ class Runner:
             self.moves.stop()
         if self.context is not None:
             self.context.priority.stop()
+            self.context.discovery.stop()
         with self.topics.lock if self.topics is not None else threading.RLock():
             pipelines = list(self.pipelines.values())
         for pipeline in pipelines:
@@ -309,8 +322,9 @@ class Runner:
                 continue
             for state in pipeline.states.values():
                 if pipeline.frontier and behind(state.positions, pipeline.frontier):
-                    print(f"{state.id} is held at {state.positions} by a message it is still retrying; "
-                          "the next run continues from there")
+                    why = ("it has no endpoint discovered (its lookups named none)"
+                           if self.context.discovery.holds(state.id) else "a message it is still retrying")
+                    print(f"{state.id} is held at {state.positions} by {why}; the next run continues from there")
 
     def _report_failures(self) -> int:
         """Log (and, for --once, print) the topics that were not running at the end; how many."""
