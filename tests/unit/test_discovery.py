@@ -224,3 +224,28 @@ def test_a_pinned_group_waits_for_the_set_follows_it_and_unpins_an_endpoint_that
     assert [(row["type"], row["reason"], row["endpoint"]) for row in rows] == [
         ("pinned", "start", "http://a:1/x"), ("unpinned", "endpoint removed", "http://a:1/x"),
         ("pinned", "endpoint removed", "http://b:1/x")]
+
+
+def test_herald_endpoints_shows_the_recorded_set_offline_passwords_masked(tmp_path, capsys):
+    from herald.cli import main
+
+    secret = DISCOVERING.replace("http://{address}", "http://svc:pw-endpoint@{address}")
+    config, clock, lookups, discoveries = job(tmp_path, secret, with_store=False)
+    (subscription,) = config.subscriptions
+    conf = str(tmp_path / "conf")
+    assert main(["endpoints", "--conf", conf, subscription.id]) == 0
+    assert "no endpoint discovered yet" in capsys.readouterr().out
+    discoveries.store = open_store("deltalake", config.storage_path)
+    lookups.answers = {LOOKUP_1: producers(("n1", 81)), LOOKUP_2: producers(("n1", 81), ("n2", 82))}
+    discoveries.configure(config.subscriptions)
+    discoveries.step()
+    assert main(["endpoints", "--conf", conf, subscription.id, "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    masked_2 = "http://ops:*****@lookup-2:4161/lookup?topic=orders"
+    assert view["source"] == "discovery" and view["lookups"] == [LOOKUP_1, masked_2]
+    assert view["endpoints"] == [{"endpoint": "http://svc:*****@n1:81/orders", "lookups": [LOOKUP_1, masked_2]},
+                                 {"endpoint": "http://svc:*****@n2:82/orders", "lookups": [masked_2]}]
+    assert main(["endpoints", "--conf", conf, subscription.id]) == 0
+    text = capsys.readouterr().out
+    assert "2 endpoint(s) discovered" in text and "n2:82" in text
+    assert "pw-endpoint" not in text + json.dumps(view) and "s3cret" not in text + json.dumps(view)

@@ -9,6 +9,7 @@ answer for every valid subscription.
     operating.py  validate, run, suspend/activate, retransmit, maintain
     reading.py    undelivered, metrics, trace, offsets, oauth providers
     local.py      broker, publish, demo, jars, schema
+    discovering.py  endpoints (discovered sets)
     loading.py    the configuration as a command needs it (strict or lenient), problems on stderr
     output.py     aligned rows, JSON, ISO-8601 times
 
