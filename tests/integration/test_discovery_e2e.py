@@ -105,3 +105,28 @@ def test_run_once_broadcasts_to_every_producer_lookupd_names(broker, spark, topi
     assert {r.path for r in one.requests + two.requests} == {"/orders"}
     config = load_config(conf)
     assert readout.metrics(config, config.subscription(f"{topic_name}.fan"))["delivered"] == 6
+
+
+def test_a_pinned_subscription_over_a_discovered_set_moves_its_pin_when_the_endpoint_leaves(
+        broker, spark, topic_name, tmp_path):
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(5)])
+    with Lookup() as lookup, ScriptedSubscriber() as one, ScriptedSubscriber() as two:
+        first, second = sorted([one.url + "/orders", two.url + "/orders"])  # the set's order: by URL
+        lookup.set([second, first])
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"orders": {
+            "endpoints": {"discovery": {"urls": [lookup.url]}}, "priority": {"policy": "pinned"}}})
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        lookup.set([second])
+        produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(5, 10)])
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    requests = sorted(one.requests + two.requests, key=lambda r: r.at)
+    by_url = {one.url + "/orders": one, two.url + "/orders": two}
+    assert sorted(r.json()["i"] for r in by_url[first].requests) == list(range(5)), "the first in the set's order"
+    assert sorted(r.json()["i"] for r in by_url[second].requests) == list(range(5, 10))
+    assert len({r.headers["Herald-Pin-Id"] for r in requests}) == 2
+    config = load_config(conf)
+    rows = sorted(open_store(SUITE_ENGINE, config.storage_path).read("advisories").to_pylist(),
+                  key=lambda row: row["timestamp"])
+    assert [(row["type"], row["reason"], row["endpoint"]) for row in rows] == [
+        ("pinned", "start", first), ("unpinned", "endpoint removed", first), ("pinned", "endpoint removed", second)]

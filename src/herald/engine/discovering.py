@@ -80,7 +80,7 @@ class Discoveries:
         self._lock = threading.RLock()
         self._announcing = threading.Lock()  # changes are logged, recorded and told in the order they happen
         self._groups: dict[str, _Group] = {}
-        self._known: dict[str, Endpoint] = {}  # masked URL -> every endpoint seen by this job
+        self._known: dict[str, Endpoint] = {}  # masked URL -> every endpoint seen by this job (or configured)
         self._workers = workers
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="herald-lookup") if workers else None
         self._wake = threading.Event()
@@ -94,7 +94,11 @@ class Discoveries:
         URLs no longer listed leave the set); one no longer here forgets its set."""
         now = self.clock()
         changes = []
+        subscriptions = list(subscriptions)
         with self._lock:
+            for subscription in subscriptions:  # configured endpoints too: an edit may remove one BROADCAST owes
+                for endpoint in subscription.targets:
+                    self._known[endpoint.masked] = endpoint
             found = {s.id: s.discovery for s in subscriptions if s.discovery is not None}
             for subscription_id in set(self._groups) - set(found):
                 del self._groups[subscription_id]
@@ -138,7 +142,8 @@ class Discoveries:
             return group is not None and group.set.answered
 
     def known(self, shown: str) -> Endpoint | None:
-        """An endpoint this job has discovered, by its URL as people see it (it may have left its set)."""
+        """An endpoint this job has discovered or been configured with, by its URL as people see it (it may
+        have left its set or list since)."""
         with self._lock:
             return self._known.get(shown)
 
