@@ -90,21 +90,35 @@ def test_the_set_follows_the_lookups_while_running_and_an_empty_set_makes_messag
     assert recorded["endpoints"][0]["lookups"] == [lookup.url]
 
 
-def test_run_once_broadcasts_to_every_producer_lookupd_names(broker, spark, topic_name, tmp_path):
+def test_run_once_broadcasts_to_every_producer_lookupd_names_and_ends_without_waiting_for_an_empty_set(
+        broker, spark, topic_name, tmp_path, capsys):
     broker.create_topics({topic_name: 1})
     produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(6)])
     with Lookup() as lookup, ScriptedSubscriber() as one, ScriptedSubscriber() as two:
-        lookup.set_producers([("127.0.0.1", int(one.url.rsplit(":", 1)[1])),
-                              ("127.0.0.1", int(two.url.rsplit(":", 1)[1]))])
+        producers = [("127.0.0.1", int(one.url.rsplit(":", 1)[1])), ("127.0.0.1", int(two.url.rsplit(":", 1)[1]))]
+        lookup.set_producers(producers)
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"fan": {
             "mode": "BROADCAST",
             "endpoints": {"discovery": {"urls": [lookup.url], "endpoint": "http://{address}:{port}/orders"}}}})
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
-    assert sorted(r.json()["i"] for r in one.requests) == list(range(6))
-    assert sorted(r.json()["i"] for r in two.requests) == list(range(6))
-    assert {r.path for r in one.requests + two.requests} == {"/orders"}
+        assert sorted(r.json()["i"] for r in one.requests) == list(range(6))
+        assert sorted(r.json()["i"] for r in two.requests) == list(range(6))
+        assert {r.path for r in one.requests + two.requests} == {"/orders"}
+
+        lookup.set_producers([])  # lookupd names no producer: the run ends, the messages wait for the next one
+        produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(6, 9)])
+        capsys.readouterr()
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+        assert "no endpoint discovered" in capsys.readouterr().out
+        assert len(one.requests) == len(two.requests) == 6
+        lookup.set_producers(producers)
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+    assert sorted(r.json()["i"] for r in one.requests) == list(range(9))
+    assert sorted(r.json()["i"] for r in two.requests) == list(range(9))
     config = load_config(conf)
-    assert readout.metrics(config, config.subscription(f"{topic_name}.fan"))["delivered"] == 6
+    subscription = config.subscription(f"{topic_name}.fan")
+    assert readout.metrics(config, subscription)["delivered"] == 9
+    assert readout.undelivered(config, subscription, limit=5) == []
 
 
 def test_a_pinned_subscription_over_a_discovered_set_moves_its_pin_when_the_endpoint_leaves(
