@@ -101,3 +101,41 @@ def test_a_never_attempted_broadcast_message_stops_the_position_at_the_deadline(
     result = lane_report(report)
     assert result.stops == {0: 1} and not result.parked and not result.carried
     assert len(transport.sent) == 2 and result.counters.delivered == 1
+
+
+def test_a_parked_member_resumes_at_its_endpoint_by_name_when_the_set_changed_and_one_that_left_is_still_owed():
+    """docs/design.md §5c: the driver names the endpoints a state still owes (`named`) and finds them by name
+    in the next round's targets (`placed`); an endpoint that left comes after them (`departed`), for the owed
+    members only, never for a new message."""
+    from herald.engine.planner import named, placed
+
+    C = Target("http://c/", shown="http://c/")
+    clock = FakeClock()
+    retry = retry_policy(message_ttl_s=600, backoff_s=2.0)
+    report, _, _ = run({0: lane(targets=(A, B), broadcast=True, retry=retry, inflight=4)},
+                       [batch([(record(0, 0), (0,)), (record(0, 1), (0,))])],
+                       per_url({"http://b/": [500, 200], "http://a/": [500, 200]}), clock=clock, park_after_s=0.5)
+    states = {item.record.offset: named(item.state, (A, B)) for item in lane_report(report).parked}
+    assert [t.endpoint for t in states[0].targets] == ["http://a/", "http://u:*****@b/"]
+    assert through_json(states[0]) == states[0], "the names survive the retries table's JSON"
+
+    now = (C, B)  # the set changed: a left, c joined, b moved to index 1
+    resume, departed = placed({(0, 0): states[0]}, now, former=lambda shown: None)
+    assert [(t.endpoint, t.index) for t in resume[(0, 0)].targets] == [("http://a/", 2), ("http://u:*****@b/", 1)]
+    assert [t.url for t in departed] == ["http://a/"]
+    clock.sleep(5)
+    report, transport, _ = run({0: lane(targets=now + departed, departed=1, broadcast=True, retry=retry,
+                                        positional=False, resume=resume)},
+                               [batch([(record(0, 0), (0,)), (record(0, 2), (0,))])], per_url({}), clock=clock,
+                               park_after_s=10)
+    sent = sorted((json.loads(s.request.body)["o"], s.request.url) for s in transport.sent)
+    assert sent == [(0, "http://a/"), (0, "http://b/"), (2, "http://b/"), (2, "http://c/")], \
+        "the parked message finishes at a and b (not c); the new one goes to the set now (not a)"
+    assert lane_report(report).counters.delivered == 2
+
+
+def through_json(state):
+    from herald.delivery.message import RetryState
+
+    return RetryState(state.attempts, state.first_read_ms, state.due_ms, state.backoff_s, state.last_status,
+                      state.last_reason, RetryState.targets_from_json(state.targets_json()))

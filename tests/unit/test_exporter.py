@@ -80,3 +80,25 @@ def test_a_kafka_failure_leaves_the_lag_out_of_the_scrape_not_the_scrape():
         exporter.stop()
     assert asked and found[("herald_delivered_total", (("subscription", "g.t.a"),))] == 2
     assert not any(name == "herald_lag_messages" for name, _ in found)
+
+
+def test_discovery_polls_are_counted_by_result_and_exist_at_0_from_the_first_scrape():
+    discovering = Subscription.model_validate({"topicName": "g.t", "name": "d", "endpoints": {
+        "discovery": {"urls": ["http://lookup:4161/lookup?topic=t"]}}})
+    exporter = PrometheusExporter(0, lambda: {}, lambda topics: {}, parked=lambda sid: 0, host="127.0.0.1")
+    exporter.know([discovering, subscription("plain")])
+    exporter.start()
+    try:
+        first = samples(exporter)
+        exporter.polled("g.t.d", "ok")
+        exporter.polled("g.t.d", "ok")
+        exporter.polled("g.t.d", "failed")
+        later = samples(exporter)
+    finally:
+        exporter.stop()
+    polls = "herald_discovery_polls_total"
+    assert first[(polls, (("result", "ok"), ("subscription", "g.t.d")))] == 0
+    assert first[(polls, (("result", "failed"), ("subscription", "g.t.d")))] == 0
+    assert not any(name == polls and ("subscription", "g.t.plain") in labels for name, labels in first)
+    assert later[(polls, (("result", "ok"), ("subscription", "g.t.d")))] == 2
+    assert later[(polls, (("result", "failed"), ("subscription", "g.t.d")))] == 1

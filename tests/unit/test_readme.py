@@ -101,3 +101,17 @@ def test_every_herald_yaml_key_is_documented_with_its_default_and_limits():
         limits = limits_of(model, name)
         if limits:
             assert limits in meaning, f"{key}: README does not give its limits {limits!r}: {meaning!r}"
+
+
+def test_the_discovery_options_are_documented_with_their_defaults_and_limits():
+    from pydantic_core import PydanticUndefined
+
+    from herald.config.endpoints import Discovery
+
+    rows = readme_table("discovery-defaults-table", 4)
+    assert set(rows) == set(Discovery.model_fields)
+    for name, (default, limits, _) in rows.items():
+        expected = Discovery.model_fields[name].default
+        shown = "required" if expected is PydanticUndefined else "-" if expected is None else number(expected)
+        assert default == shown, f"{name}: README says {default}, code says {shown}"
+        assert re.sub(r"\s+", " ", limits) == limits_of(Discovery, name), f"{name}: README limits {limits!r}"

@@ -32,7 +32,8 @@ class _NoParked:
 
 def _pipeline(config, catching_up: set[str]) -> TopicPipeline:
     context = types.SimpleNamespace(config=config, flow_settings=FlowSettings(), oauth_providers={},
-                                    priority=Priority(None, "test", lambda: 0))  # no pinned subscription
+                                    priority=Priority(None, "test", lambda: 0),  # no pinned subscription
+                                    endpoints_of=lambda s: s.targets, former_endpoint=lambda shown: None)
     states = [SubscriptionState(s, positions={0: 0}, catching_up=s.name in catching_up) for s in config.subscriptions]
     pipeline = TopicPipeline.__new__(TopicPipeline)  # no Spark: only the states and the planning are used here
     pipeline.context, pipeline.retries, pipeline.states = context, _NoParked(), {s.id: s for s in states}

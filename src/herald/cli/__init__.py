@@ -10,6 +10,7 @@ answer for every valid subscription.
     reading.py    undelivered, metrics, trace, offsets, oauth providers
     priority.py   unpin, priority (priority groups)
     local.py      broker, publish, demo, jars, schema
+    discovering.py  endpoints (discovered sets)
     loading.py    the configuration as a command needs it (strict or lenient), problems on stderr
     output.py     aligned rows, JSON, ISO-8601 times
 

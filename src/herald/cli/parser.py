@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from herald.cli.discovering import cmd_endpoints
 from herald.cli.local import cmd_broker, cmd_demo, cmd_jars, cmd_publish, cmd_schema
 from herald.cli.operating import (
     cmd_maintain,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     _reading_commands(commands)
     _priority_commands(commands)
     _local_commands(commands)
+    _discovery_commands(commands)
     return parser
 
 
@@ -152,6 +154,14 @@ def _local_commands(commands: Commands) -> None:
                                           "local session of Herald then uses", conf=False)
     jars.add_argument("action", choices=["fetch", "show"], nargs="?", default="show")
     jars.add_argument("--json", action="store_true")
+
+
+def _discovery_commands(commands: Commands) -> None:
+    """endpoints (`herald.cli.discovering`)."""
+    endpoints = commands.add("endpoints", cmd_endpoints, "a subscription's endpoints now: its discovered set and "
+                                                         "the lookup that named each (passwords masked)")
+    endpoints.add_argument("id", help=SUBSCRIPTION_ID)
+    endpoints.add_argument("--json", action="store_true")
 
 
 def join_relative_dates(argv: list[str]) -> list[str]:

@@ -82,28 +82,33 @@ class Overflow(OneEndpoint):
 
 class EveryEndpoint:
     """BROADCAST: one unit per endpoint the message has not reached yet (every endpoint, unless it continues
-    with some reached), each attempted at its own endpoint."""
+    with some reached), each attempted at its own endpoint. `departed`: targets after the first `count` that
+    left the subscription's endpoints (docs/design.md §5c): only messages that still owe them an answer go
+    there, new messages go to the first `count`."""
 
     fans_out = True
 
-    def __init__(self, count: int) -> None:
-        self.width = count
+    def __init__(self, count: int, departed: int = 0) -> None:
+        self.count = count
+        self.width = count + departed
 
     def spread(self, state: RetryState | None) -> Spread:
         if state is not None and state.targets:
             return [(target.index, state.at_target(target)) for target in state.targets]
-        return [(index, state) for index in range(self.width)]
+        return [(index, state) for index in range(self.count)]
 
     def pick(self, unit: Unit) -> int:
         return unit.target
 
 
-def endpoint_choice(targets: Sequence[Target], broadcast: bool,
-                    load: Callable[[], tuple[int, int]]) -> OneEndpoint | EveryEndpoint:
-    """The strategy for a lane with these endpoints; `load()`: (pending, in flight), for overflow endpoints."""
-    count = len(targets)
+def endpoint_choice(targets: Sequence[Target], broadcast: bool, load: Callable[[], tuple[int, int]],
+                    departed: int = 0) -> OneEndpoint | EveryEndpoint:
+    """The strategy for a lane with these endpoints. `load()`: (pending, in flight), for overflow endpoints;
+    `departed`: the last targets are endpoints that left (BROADCAST only: messages resumed from an earlier round
+    still owe them an answer)."""
+    count = len(targets) - departed
     if broadcast:
-        return EveryEndpoint(count)
+        return EveryEndpoint(count, departed)
     if any(target.conditional for target in targets):
         return Overflow(targets, load)
     return RoundRobin(count) if count > 1 else OneEndpoint()

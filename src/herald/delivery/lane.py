@@ -73,7 +73,7 @@ class Lane:
         self._tokens = tokens
         self._tracing = plan.tracks_all  # records INFLIGHT, FAILED, SUCCESS and FILTERED steps (DISCARDED: the
         # driver, from the discards, for discardedOnly too)
-        self.choice = endpoint_choice(self._targets, plan.broadcast, self._load)
+        self.choice = endpoint_choice(self._targets, plan.broadcast, self._load, plan.departed)
         self.assembly = assembly_for(plan, self._targets, self.choice, self, flush)
         self._batched = self.assembly.tracks_reads  # batches close on time: dispatch looks at their times
         self.pin = PinWatch(plan.pin) if plan.pin is not None else None  # priority pinned: the endpoint's answers

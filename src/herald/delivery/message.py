@@ -71,15 +71,20 @@ class Record:
 class TargetState:
     """A BROADCAST message's progress at one endpoint it has not reached yet (`RetryState` fields, per target)."""
 
-    index: int  # the endpoint's place in the subscription's list
+    index: int  # the endpoint's place in the round's targets (the lane's); see `endpoint`
     attempts: int
     due_ms: int
     backoff_s: float | None = None
     last_status: int | None = None
     last_reason: str = ""
+    endpoint: str = ""
+    """The endpoint as people see it (password masked), named by the driver when the state leaves a round
+    (docs/design.md §5c): lists and discovered sets change, so the next round finds its place by this name.
+    Empty in states recorded before endpoints were named: `index` is then a place in the configured list."""
 
     def to_list(self) -> list:
-        return [self.index, self.attempts, self.due_ms, self.backoff_s, self.last_status, self.last_reason]
+        item = [self.index, self.attempts, self.due_ms, self.backoff_s, self.last_status, self.last_reason]
+        return [*item, self.endpoint] if self.endpoint else item
 
 
 @dataclass(frozen=True)

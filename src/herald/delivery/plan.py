@@ -76,6 +76,9 @@ class LanePlan:
         its parked messages): what an overflow endpoint's `min_pending` is compared with (`herald.delivery.choice`).
     pin: priority pinned: the pin the round got (`targets` is then the pinned endpoint alone, and
         `header_lines` carry its Herald-Pin-Id); the lane watches the endpoint's answers (`herald.delivery.pin`).
+    departed: BROADCAST: the last `departed` of `targets` are endpoints that left the subscription's list or
+        discovered set; only members of resumed messages that still owe them an answer go there, never a new
+        message (docs/design.md §5c).
     """
 
     subscription_id: str
@@ -104,6 +107,7 @@ class LanePlan:
     tls: TlsSettings | None
     pin: PinPlan | None
     pending: int
+    departed: int = 0
 
     @property
     def tracks_all(self) -> bool:

@@ -78,8 +78,8 @@ class CatchUp:
         now = now_ms()
         ready = []
         for state in pipeline.states.values():
-            if not state.catching_up or state.busy or pipeline.context.priority.holds(state.id):
-                continue  # (held: its pin changes hands; the switch wakes catch-up)
+            if not state.catching_up or state.busy or pipeline.context.holds(state.id):
+                continue  # (held: its pin changes hands, or it has no endpoint; what ends that wakes catch-up)
             if state.idle is not None:
                 seen, wake_ms = state.idle
                 if seen == frontier and now < wake_ms:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from herald.config import HeraldConfig
 from herald.delivery.flow import FlowSettings
+from herald.endpoint import Endpoint
+from herald.engine.discovering import Discoveries
 from herald.engine.priority import Priority
 from herald.storage import TableStore, TableWriter
 
@@ -36,7 +38,7 @@ def stamp_ms() -> int:
 class EngineContext:
     """spark: the session; config: the configuration in force (the watcher replaces it); connector: 'spark' or
     'python' (the Kafka source); store / writer: the tables; once: `--once`; priority: the pins of its pinned
-    subscriptions (every round leases them)."""
+    subscriptions (every round leases them); discovery: the discovered endpoint sets (docs/design.md §5c)."""
 
     spark: object
     config: HeraldConfig
@@ -49,9 +51,34 @@ class EngineContext:
     round_listeners: list[Callable] = field(default_factory=list)
     control_url: str | None = None  # where running tasks ask which subscriptions are delivered now
     priority: Priority = field(init=False)
+    discovery: Discoveries = field(init=False)
 
     def __post_init__(self) -> None:
         self.priority = Priority(self.store, self.run_id, now_ms, self.config.settings.streaming.config_poll_s)
+        self.discovery = Discoveries()
+        self.discovery.store, self.discovery.writer = self.store, f"discovery:{self.run_id}"
+        self.priority.endpoints_of = self.shown_endpoints
+
+    def holds(self, subscription_id: str) -> bool:
+        """The subscription sits rounds out now: its pin changes hands (§5b) or it has no endpoint discovered
+        (§5c). Its messages wait; what holds it wakes the catch-up and retry threads when it may deliver."""
+        return self.priority.holds(subscription_id) or self.discovery.holds(subscription_id)
+
+    def endpoints_of(self, subscription) -> list[Endpoint]:
+        """The subscription's endpoints now: the configured ones, or its discovered set (§5c)."""
+        found = self.discovery.endpoints_of(subscription)
+        return subscription.targets if found is None else found
+
+    def shown_endpoints(self, subscription) -> tuple[str, ...] | None:
+        """Its endpoints as people see them (passwords masked), for its priority group; None while a discovered
+        set is not known yet (no lookup has answered)."""
+        if subscription.discovery is not None and not self.discovery.answered(subscription.id):
+            return None
+        return tuple(endpoint.masked for endpoint in self.endpoints_of(subscription))
+
+    def former_endpoint(self, shown: str) -> Endpoint | None:
+        """An endpoint that left its subscription's set, by its URL as people see it (None: unknown here)."""
+        return self.discovery.known(shown)
 
     def recorded(self, result, duration_s: float) -> None:
         """A round's rows were handed to the writer: tell the listeners (the Prometheus exporter, the dead-letter

@@ -18,7 +18,9 @@ Per subscription (label `subscription`, the id `group.topic.name`):
 - histogram `herald_round_duration_seconds{topic, kind}`: how long each round took, from the micro-batch's
   start (or the catch-up or retry round's) to its rows handed to the writer; kind is stream, catchup or retry;
 - priority pinned: gauge `herald_pinned_endpoint{endpoint}` (1 for the endpoint pinned now, password masked)
-  and counter `herald_pin_advisories_total{type=pinned|unpinned, reason}`.
+  and counter `herald_pin_advisories_total{type=pinned|unpinned, reason}`;
+- discovery (docs/design.md §5c): counter `herald_discovery_polls_total{result=ok|failed}`, one per lookup
+  polled (a failure: no answer, an HTTP error, or garbage).
 
 Every counter of every ACTIVE subscription exists, at 0, from the first scrape (`know`), so that `rate()` and
 `increase()` work from the start.
@@ -75,6 +77,8 @@ class PrometheusExporter:
                                  buckets=_ROUND_BUCKETS_S, registry=self.registry)
         self._advisories = Counter("herald_pin_advisories", "Priority pinned: pins given (pinned) and given up "
                                    "(unpinned), by reason", ["subscription", "type", "reason"], registry=self.registry)
+        self._polls = Counter("herald_discovery_polls", "Discovery: lookups polled, by result (ok, failed)",
+                              ["subscription", "result"], registry=self.registry)
         self.registry.register(_LiveCollector(positions, end_offsets, parked, lag_cache_s, writer, pins))
 
     def observe(self, result, duration_s: float) -> None:
@@ -111,6 +115,13 @@ class PrometheusExporter:
                 for kind in (PINNED, UNPINNED):
                     for reason in REASONS:
                         self._advisories.labels(sid, kind, reason)
+            if subscription.discovery is not None:
+                for result in ("ok", "failed"):
+                    self._polls.labels(sid, result)
+
+    def polled(self, subscription_id: str, result: str) -> None:
+        """A lookup of a discovering subscription was polled: result "ok" or "failed" (a discovery listener)."""
+        self._polls.labels(subscription_id, result).inc()
 
     def advised(self, advisory) -> None:
         """A pin given or given up (`herald.engine.pinning.Advisory`, a priority listener)."""

@@ -8,12 +8,13 @@ turns the reports into what the round did for each subscription, positions inclu
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from herald.delivery.flow import FlowState
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.report import REPORT_DDL, LaneCounters, TaskReport
 from herald.engine.pinning import Pin, PinNews
+from herald.engine.planner import named
 from herald.engine.task import delivery_task
 from herald.engine.positions import Lost, advance
 from herald.engine.rounds import SubscriptionOutcome
@@ -53,8 +54,9 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
             outcome.counters.add(lane.counters)
             flow_states.append(lane.flow_state)
             outcome.discarded.extend(lane.discarded)
-            outcome.parked.extend(lane.parked)
-            outcome.carried.extend(lane.carried)
+            targets = participant.plan.targets  # BROADCAST states leave the round naming their endpoints (§5c)
+            outcome.parked.extend(replace(item, state=named(item.state, targets)) for item in lane.parked)
+            outcome.carried.extend(replace(item, state=named(item.state, targets)) for item in lane.carried)
             outcome.ended_carried.extend(lane.ended_carried)
             outcome.traced.extend(lane.traced)
             if lane.pin_news is not None:

@@ -59,6 +59,7 @@ class Pin:
     timeout_ms: int
     refused_since_ms: int | None
     group: int = 0  # the `PinGroup.token` of the group that leased it
+    endpoint: str = ""  # the pinned endpoint as people see it (the planner finds it by this, §5c)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ class PinGroup:
         if self.leaving is not None or self.index is None:
             return None
         self.rounds += 1
-        return Pin(self.index, self.pin_id, self.timeout_ms, self.refused_since_ms, self.token)
+        return Pin(self.index, self.pin_id, self.timeout_ms, self.refused_since_ms, group=self.token,
+                   endpoint=self.endpoint)
 
     def release(self, pin: Pin, news: PinNews | None, now_ms: int) -> Advisory | None:
         """A round planned with `pin` ended, having seen `news` (None: nothing was answered). Returns the

@@ -10,10 +10,14 @@ same proportion. The tasks of a round split their path's share again (`LanePlan.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
 from herald.config import Subscription
 from herald.config.model import ContentType
 from herald.config.settings import OAuthProvider
 from herald.delivery.flow import FlowSettings
+from herald.delivery.message import RetryState
 from herald.delivery.headers import (
     AUTHORIZATION,
     AVRO_CONTENT_TYPE,
@@ -26,6 +30,7 @@ from herald.delivery.pin import PinPlan
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TRACK_OFF
 from herald.delivery.spec import DeliverySpec
+from herald.endpoint import Endpoint
 from herald.engine.control import pinned_version, version_of
 from herald.engine.pinning import Pin
 from herald.engine.state import SubscriptionState
@@ -50,17 +55,66 @@ def header_lines(subscription: Subscription) -> tuple[str, ...]:
     return tuple(f"{name}: {value}" for name, value in headers.items())
 
 
-def targets(subscription: Subscription) -> tuple[Target, ...]:
-    """The subscription's endpoints with the Authorization line of their credentials (never log them), and an
-    overflow endpoint's conditions."""
+def targets(subscription: Subscription, endpoints: Sequence[Endpoint] | None = None) -> tuple[Target, ...]:
+    """The subscription's endpoints (`endpoints`: its discovered set now, docs/design.md §5c; None: the
+    configured ones, with an overflow endpoint's conditions) with the Authorization line of their credentials
+    (never log them)."""
+    if endpoints is not None:
+        return tuple(target_of(endpoint) for endpoint in endpoints)
     overflow = subscription.priority is not None and subscription.priority.policy == "overflow"
-    chosen = []
-    for entry, endpoint in zip(subscription.endpoint_entries, subscription.targets):
-        authorization = (f"{AUTHORIZATION}: {basic_authorization(endpoint.user, endpoint.password or '')}"
-                         if endpoint.user is not None else None)
-        chosen.append(Target(endpoint.url, authorization, endpoint.masked,
-                             entry.minPending if overflow else None, entry.minInflight if overflow else None))
-    return tuple(chosen)
+    return tuple(target_of(endpoint, entry.minPending if overflow else None, entry.minInflight if overflow else None)
+                 for entry, endpoint in zip(subscription.endpoint_entries, subscription.targets))
+
+
+def target_of(endpoint: Endpoint, min_pending: int | None = None, min_inflight: int | None = None) -> Target:
+    return Target(endpoint.url, f"{AUTHORIZATION}: {basic_authorization(endpoint.user, endpoint.password or '')}"
+                  if endpoint.user is not None else None, endpoint.masked, min_pending, min_inflight)
+
+
+Former = Callable[[str], Endpoint | None]
+"""An endpoint that left the subscription's endpoints, by its URL as people see it (None: unknown)."""
+
+
+def former_target(shown: str, former: Former | None) -> Target:
+    """The target of an endpoint that left: as last known, else rebuilt from its shown URL (a password it had
+    is not known any more: the attempt goes without it, and a refusal ends as any other)."""
+    endpoint = former(shown) if former is not None else None
+    if endpoint is None:
+        parsed = Endpoint.parse(shown)
+        endpoint = parsed if parsed.password is None else Endpoint(parsed.url, parsed.user, None)
+    return target_of(endpoint)
+
+
+def placed(resume: dict, endpoints: tuple[Target, ...], former: Former | None) -> tuple[dict, tuple[Target, ...]]:
+    """BROADCAST states resumed in a round, their endpoints found by name in the round's `endpoints` (lists and
+    discovered sets change between rounds, docs/design.md §5c); (the states, the targets that left, which
+    the round appends to its targets for the members still owed to them: they are tried until they answer 2xx
+    or the message ends, never given up unanswered)."""
+    shown = {target.shown: index for index, target in enumerate(endpoints)}
+    departed: dict[str, int] = {}
+    result = {}
+    for key, state in resume.items():
+        if not state.targets or not any(target.endpoint for target in state.targets):
+            result[key] = state  # not BROADCAST, or recorded before endpoints were named: index as it was
+            continue
+        moved = []
+        for target in state.targets:
+            index = shown.get(target.endpoint)
+            if index is None:
+                index = len(endpoints) + departed.setdefault(target.endpoint, len(departed))
+            moved.append(replace(target, index=index))
+        result[key] = replace(state, targets=tuple(moved))
+    return result, tuple(former_target(name, former) for name in departed)
+
+
+def named(state: RetryState, targets: Sequence[Target]) -> RetryState:
+    """A state leaving a round with `targets`: each BROADCAST endpoint it still owes named by its shown URL, so
+    the next round finds it whatever the list then is (`placed`)."""
+    if not state.targets:
+        return state
+    return replace(state, targets=tuple(
+        replace(target, endpoint=targets[target.index].shown) if target.index < len(targets) else target
+        for target in state.targets))
 
 
 def split_inflight(inflight: int, parked: int) -> tuple[int, int]:
@@ -83,22 +137,35 @@ def token_source(subscription: Subscription, providers: dict[str, OAuthProvider]
 
 
 def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int, retries: bool = False,
-              providers: dict[str, OAuthProvider] | None = None, pin: Pin | None = None) -> LanePlan:
+              providers: dict[str, OAuthProvider] | None = None, pin: Pin | None = None,
+              endpoints: Sequence[Endpoint] | None = None, former: Former | None = None,
+              resume: dict[tuple[int, int], RetryState] | None = None) -> LanePlan:
     """The lane of one subscription in a round: the reading path's share, or the retry driver's (`retries`).
     providers: herald.yaml's OAuth providers by name (needed by subscriptions with an oAuthPolicy).
-    pin: a pinned subscription's pin for the round: it sends to that endpoint only, with its Herald-Pin-Id."""
+    pin: a pinned subscription's pin for the round: it sends to that endpoint only, with its Herald-Pin-Id.
+    endpoints: its endpoints now (a discovered set, docs/design.md §5c; None: the configured ones); `former`
+    finds one that left, for BROADCAST messages that still owe it an answer. resume: the states the round
+    continues (default: what the subscription carries; none for the retry driver, which gives its own)."""
     subscription = state.subscription
     spec = spec_of(subscription)
     reading, for_retries = split_inflight(spec.inflight, parked)
     slots = for_retries if retries else reading
     rate_per_s = spec.rate_per_s * slots / (reading + for_retries)
-    endpoints = targets(subscription)
+    current = targets(subscription, endpoints)
     lines = header_lines(subscription)
     pin_plan = None
     if pin is not None:
-        endpoints = (endpoints[pin.index],)
+        by_name = [target for target in current if target.shown == pin.endpoint]
+        current = tuple(by_name) if by_name else (former_target(pin.endpoint, former),) if pin.endpoint else \
+            (current[pin.index],)
         pin_plan = PinPlan(pin.pin_id, pin.timeout_ms, pin.refused_since_ms)
         lines += (pin_plan.header_line,)
+    if not current:
+        raise ValueError(f"{subscription.id}: no endpoint to plan a round with (an empty set holds it)")
+    if resume is None:
+        resume = {} if retries else state.live_carried()
+    resume, departed = placed(resume, current, former) if subscription.mode == "BROADCAST" else (resume, ())
+    endpoints = current + departed
     return LanePlan(
         subscription_id=subscription.id,
         url=endpoints[0].url,
@@ -117,7 +184,7 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         avro=subscription.contentType is ContentType.AVRO,
         ordered=spec.ordered,
         starts={} if retries else dict(state.positions),
-        resume={} if retries else state.live_carried(),
+        resume=resume,
         positional=not retries,
         tracking=TRACKING[subscription.trackingMode],
         signing_keys=subscription.signing.keys() if subscription.signing is not None else (),
@@ -126,4 +193,5 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         tls=subscription.tls.settings() if subscription.tls is not None else None,  # in force: load_config merged it
         pin=pin_plan,
         pending=state.pending(parked),
+        departed=len(departed),
     )

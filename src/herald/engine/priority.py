@@ -72,6 +72,10 @@ class Priority:
         self.wakers: list[Callable[[], None]] = []
         self.lock = threading.RLock()  # also held by whoever tells running tasks the pins (a consistent view)
         self._groups: dict[str, PinGroup] = {}
+        self._waiting: set[str] = set()  # pinned subscriptions whose endpoints are not known yet (§5c)
+        self.endpoints_of: Callable[[Subscription], tuple[str, ...] | None] = shown_endpoints
+        """A subscription's endpoints as people see them, in order; None while they are not known yet (a
+        discovered set before its first answer): its group then waits, and its rounds with it."""
         self._batches = itertools.count(1)
         self._frozen = False
         self._stop = threading.Event()
@@ -80,9 +84,10 @@ class Priority:
     # -- configuration ----------------------------------------------------------------------------------------
     def configure(self, subscriptions: Iterable[Subscription]) -> None:
         """The ACTIVE subscriptions now: a pinned one seen for the first time takes up its pin from the table;
-        an edit that drops its pinned endpoint gives the pin up; one no longer here (or no longer pinned) is
-        forgotten once no round of it runs (activated again before that, it goes on with the same group, an
-        unpin recorded meanwhile included)."""
+        an edit (or a discovered set, §5c) that drops its pinned endpoint gives the pin up; one no longer here
+        (or no longer pinned) is forgotten once no round of it runs (activated again before that, it goes on
+        with the same group, an unpin recorded meanwhile included). Call it again when a discovered set
+        changes."""
         pinned = {s.id: s for s in subscriptions if s.priority is not None and s.priority.policy == "pinned"}
         with self.lock:
             for subscription_id, group in list(self._groups.items()):
@@ -90,11 +95,16 @@ class Priority:
                     group.active = False
                     if group.rounds <= 0:
                         del self._groups[subscription_id]
-            fresh = [sid for sid in pinned if sid not in self._groups or not self._groups[sid].active]
+            endpoints_of = {sid: self.endpoints_of(subscription) for sid, subscription in pinned.items()}
+            self._waiting = {sid for sid, endpoints in endpoints_of.items() if endpoints is None}
+            fresh = [sid for sid in pinned if sid not in self._waiting
+                     and (sid not in self._groups or not self._groups[sid].active)]
             last = last_advisories(self.store) if fresh else {}
             now = self.now_ms()
             for subscription_id, subscription in pinned.items():
-                endpoints, timeout_ms = shown_endpoints(subscription), subscription.priority.timeoutMs
+                endpoints, timeout_ms = endpoints_of[subscription_id], subscription.priority.timeoutMs
+                if endpoints is None:
+                    continue  # not known yet: it waits (`lease` holds it)
                 group = self._groups.get(subscription_id)
                 if group is None:
                     group = self._groups[subscription_id] = PinGroup(subscription_id, endpoints, timeout_ms)
@@ -107,8 +117,11 @@ class Priority:
                 self._switch_if_due(group)
 
     def holds(self, subscription_id: str) -> bool:
-        """True while a pinned subscription has no pin to deliver with (it is changing hands)."""
+        """True while a pinned subscription has no pin to deliver with (it is changing hands, or its endpoints
+        are not known yet)."""
         with self.lock:
+            if subscription_id in self._waiting:
+                return True
             group = self._groups.get(subscription_id)
             return group is not None and group.active and (group.leaving is not None or group.index is None)
 
@@ -116,13 +129,15 @@ class Priority:
     def lease(self, subscription: Subscription) -> Pin | str | None:
         """For a round about to plan `subscription` (the version it plans with): its `Pin`, `HELD` (it sits the
         round out), or None (it is not pinned). A version whose policy or endpoints the groups do not know yet
-        (a live edit being applied) is HELD until they do."""
+        (a live edit being applied, a discovered set that changed) is HELD until they do."""
         is_pinned = subscription.priority is not None and subscription.priority.policy == "pinned"
         with self.lock:
+            if subscription.id in self._waiting:
+                return HELD
             group = self._groups.get(subscription.id)
             if group is None or not group.active:
                 return HELD if is_pinned else None
-            if not is_pinned or shown_endpoints(subscription) != group.endpoints:
+            if not is_pinned or self.endpoints_of(subscription) != group.endpoints:
                 return HELD
             self._switch_if_due(group)
             pin = group.lease()
@@ -179,8 +194,9 @@ class Priority:
     # -- recording --------------------------------------------------------------------------------------------
     def _switch_if_due(self, group: PinGroup) -> None:
         """(lock held) Pin the next endpoint once the old pin's rounds have ended; recorded first. When the
-        table cannot be written the subscription keeps waiting, and the switch is tried again later."""
-        if not group.due() or not group.active or self._frozen:
+        table cannot be written the subscription keeps waiting, and the switch is tried again later. With no
+        endpoint (an empty discovered set, §5c) it waits for one."""
+        if not group.due() or not group.active or self._frozen or not group.endpoints:
             return
         pinned = group.next_pin(self.now_ms())
         if pinned is None:

@@ -28,7 +28,7 @@ from herald.delivery.sender import TaskSender
 from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext, now_ms
 from herald.engine.pinning import Pin, PinNews
-from herald.engine.planner import lane_plan
+from herald.engine.planner import lane_plan, named
 from herald.engine.priority import HELD
 from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row
 from herald.engine.state import SubscriptionState
@@ -119,7 +119,9 @@ class RetryDriver:
             wait_until = now_ms() + patience_ms
             return all(m.state.due_ms > since_ms or self._tried_here(sid, m)
                        or self._next_permit.get(sid, 0) > wait_until
-                       for sid, messages in self._parked.items() if sid in self._active for m in messages.values())
+                       for sid, messages in self._parked.items()
+                       if sid in self._active and not self.context.discovery.holds(sid)  # no endpoint: next run
+                       for m in messages.values())
 
     def summary(self) -> tuple[int, int | None]:
         """(parked messages, the earliest next attempt in epoch ms, or None)."""
@@ -176,7 +178,7 @@ class RetryDriver:
             due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)]
                    for sid, messages in self._parked.items()
                    if sid in self._active and self._next_permit.get(sid, 0) <= horizon
-                   and not self.context.priority.holds(sid)}  # held: its pin changes hands (the switch wakes us)
+                   and not self.context.holds(sid)}  # held: its pin changes hands, or it has no endpoint (§5c)
         return {sid: messages for sid, messages in due.items() if messages}
 
     def _tried_here(self, subscription_id: str, message: ParkedMessage) -> bool:
@@ -203,22 +205,24 @@ class RetryDriver:
                                        state.flow.next_permit_ms)
 
     def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome,
-                 pin_lost: bool = False) -> None:
+                 targets: tuple = (), pin_lost: bool = False) -> None:
         """Record what the round did to each of a subscription's `due` messages, and only that: delivered or
         discarded (it leaves the registry with a terminal row), attempted and still retrying (parked again
-        with its new state), or never attempted (a stop came first: it stays parked as it was, no row).
-        `pin_lost`: the round's pinned endpoint lost its pin meanwhile: a `--once` run re-drives its messages
-        again, at the next pin."""
+        with its new state, its BROADCAST endpoints named from the round's `targets`), or never attempted (a
+        stop came first: it stays parked as it was, no row). `pin_lost`: the round's pinned endpoint lost its
+        pin meanwhile: a `--once` run re-drives its messages again, at the next pin."""
         delivered = set(lane.delivered)
         ended = {(item.partition, item.offset) for item in lane.discarded}
-        again = {(item.record.partition, item.record.offset): item for item in lane.parked}
+        again = {(item.record.partition, item.record.offset): replace(item, state=named(item.state, targets))
+                 for item in lane.parked}
         with self._lock:
             registry = self._parked.get(subscription_id, {})
             for message in due:
                 key = (message.record.partition, message.record.offset)
                 item = again.get(key)
                 if item is not None:  # some endpoint still to reach, or still retrying
-                    if item.state.attempts != message.state.attempts or item.state.targets != message.state.targets:
+                    if (item.state.attempts != message.state.attempts
+                            or _progress(item.state) != _progress(message.state)):
                         if self.once and not pin_lost:
                             self._tried.add((subscription_id, *key))
                         outcome.parked.append(item)
@@ -238,6 +242,8 @@ class RetryDriver:
         context = self.context
         with self._lock:
             active = [self._active[sid] for sid in due if sid in self._active]
+        endpoints = {subscription.id: context.endpoints_of(subscription) for subscription in active}
+        active = [subscription for subscription in active if endpoints[subscription.id]]  # none: it waits (§5c)
         pins = {subscription.id: context.priority.lease(subscription) for subscription in active}
         subscriptions = [subscription for subscription in active if pins[subscription.id] != HELD]
         report = None
@@ -252,9 +258,10 @@ class RetryDriver:
                 if live is not None:  # its lag counts in its pending messages (priority overflow)
                     with live[0]:
                         state.positions, state.topic_end = dict(live[1].positions), dict(live[1].topic_end)
-                plan = lane_plan(state, context.flow_settings, len(messages), retries=True,
-                                 providers=context.oauth_providers, pin=pins[subscription.id])
-                lanes[index] = replace(plan, resume={(m.record.partition, m.record.offset): m.state for m in messages})
+                lanes[index] = lane_plan(state, context.flow_settings, len(messages), retries=True,
+                                         providers=context.oauth_providers, pin=pins[subscription.id],
+                                         endpoints=endpoints[subscription.id], former=context.former_endpoint,
+                                         resume={(m.record.partition, m.record.offset): m.state for m in messages})
                 rows.extend((m.record, (index,)) for m in messages)
             plan = steps.task_plan(context, "", lanes)
             started = time.monotonic()
@@ -275,7 +282,7 @@ class RetryDriver:
                                           discarded=lane.discarded, traced=lane.traced, pending=lanes[index].pending)
             pin = pins[subscription.id]
             pin_lost = isinstance(pin, Pin) and current_pins.get(subscription.id) != pin.pin_id
-            self._resolve(subscription.id, due[subscription.id], lane, outcome, pin_lost)
+            self._resolve(subscription.id, due[subscription.id], lane, outcome, lanes[index].targets, pin_lost)
             result.outcomes.append(outcome)
         steps.record(context, result, time.monotonic() - started)  # its parked messages: `_resolve` kept them
         ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
@@ -284,3 +291,8 @@ class RetryDriver:
                  sum(o.counters.discarded for o in result.outcomes), sum(len(o.parked) for o in result.outcomes),
                  len(rows) - ended)
         return result
+
+
+def _progress(state: RetryState) -> list[tuple]:
+    """A BROADCAST state's progress at each endpoint it still owes, whatever that endpoint's place in a round."""
+    return [(target.endpoint or target.index, target.attempts, target.due_ms) for target in state.targets]

@@ -43,18 +43,25 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
                  parked_count: Callable[[str], int]) -> list[Participant]:
     """Each (index in the rows' `targets`, state) with the plan of its share of the round. A pinned
     subscription takes part with its pin (the caller's `release_pins` gives it back when the round ends), or,
-    while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up)."""
+    while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up). So
+    does a subscription with no endpoint discovered (docs/design.md §5c); one with some is planned with its set
+    as it is now."""
     states = list(states)
     chosen: list[Participant] = []
     try:
         for index, state in states:
+            endpoints = context.endpoints_of(state.subscription)
+            if not endpoints:
+                state.busy = False
+                continue
             pin = context.priority.lease(state.subscription)
             if pin == HELD:
                 state.busy = False
                 continue
             try:
                 plan = lane_plan(state, context.flow_settings, parked_count(state.id),
-                                 providers=context.oauth_providers, pin=pin)
+                                 providers=context.oauth_providers, pin=pin, endpoints=endpoints,
+                                 former=context.former_endpoint)
             except BaseException:
                 context.priority.release(state.id, pin, None)
                 raise

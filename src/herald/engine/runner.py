@@ -83,6 +83,7 @@ class Runner:
         self.topics = topics = Topics(context, self.config, self.only, StateBook(store, context.writer),
                                       QuerySupervisor(once), retries)
         context.priority.wakers.extend([retries.wake, topics.wake_catchups])
+        context.discovery.wakers.extend([retries.wake, topics.wake_catchups])
         if settings.advisories is not None:
             from herald.engine.advisories import AdvisoryPublisher
 
@@ -91,8 +92,12 @@ class Runner:
         if self._metrics_port is not None:
             self._start_exporter(context)
         self._ensure_dead_letters()
+        context.discovery.configure(active)
+        context.discovery.step()  # discovered sets: the first answers, awaited (each lookup within its timeoutMs)
+        context.discovery.changed.append(lambda subscription_id, change: self._endpoints_changed())
         context.priority.configure(active)  # the pins (first ones recorded and told) before any round asks
         context.priority.start()  # picks up `herald unpin`, and retries a switch whose record failed
+        context.discovery.start()
         if not once:  # a --once run sees no configuration change
             self.control = ControlServer(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
             self.control.publish(active, context.priority.pin_ids())
@@ -128,6 +133,10 @@ class Runner:
             with self.context.priority.lock:  # the pins and the versions told together, never an older pair
                 self.control.publish(self.config.active_subscriptions(self.only), self.context.priority.pin_ids())
 
+    def _endpoints_changed(self) -> None:
+        """A discovered set changed (§5c): the priority groups follow it."""
+        self.context.priority.configure(self.config.active_subscriptions(self.only))
+
     def _live_state(self, subscription_id: str):
         """(topic lock, state) of a running subscription, or None (the retry driver starts from its flow)."""
         return self.topics.live_state(subscription_id) if self.topics is not None else None
@@ -145,6 +154,7 @@ class Runner:
         context.round_listeners.append(self.exporter.observe)
         self.exporter.know(self.config.active_subscriptions(self.only))
         context.priority.listeners.append(self.exporter.advised)
+        context.discovery.polled.append(self.exporter.polled)
         self.exporter.start()
 
     def _ensure_dead_letters(self) -> None:
@@ -168,6 +178,7 @@ class Runner:
         """Apply a new configuration to the running job (from the watcher); see `Topics.apply`. Raises, changing
         nothing, when Kafka cannot be asked (the watcher tries again)."""
         with self.topics.lock:
+            self.context.discovery.configure(config.active_subscriptions(self.only))  # before any round plans
             self.topics.apply(config)
             for section in ("kafka", "storage", "spark"):
                 if getattr(config.settings, section) != getattr(self.config.settings, section):
@@ -261,7 +272,8 @@ class Runner:
             with pipeline.lock:
                 for state in pipeline.states.values():
                     frontier = pipeline.frontier or {}
-                    if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)):
+                    if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)
+                                      and not self.context.discovery.holds(state.id)):  # no endpoint: next run
                         return False
         return (self.retries.tried_since(self._started_ms, int(deadline_s * 1000))
                 and self.context.writer.pending == 0)
@@ -278,6 +290,7 @@ class Runner:
             self.moves.stop()
         if self.context is not None:
             self.context.priority.stop()
+            self.context.discovery.stop()
         with self.topics.lock if self.topics is not None else threading.RLock():
             pipelines = list(self.pipelines.values())
         for pipeline in pipelines:
@@ -319,8 +332,9 @@ class Runner:
                 continue
             for state in pipeline.states.values():
                 if pipeline.frontier and behind(state.positions, pipeline.frontier):
-                    print(f"{state.id} is held at {state.positions} by a message it is still retrying; "
-                          "the next run continues from there")
+                    why = ("it has no endpoint discovered (its lookups named none)"
+                           if self.context.discovery.holds(state.id) else "a message it is still retrying")
+                    print(f"{state.id} is held at {state.positions} by {why}; the next run continues from there")
 
     def _report_failures(self) -> int:
         """Log (and, for --once, print) the topics that were not running at the end; how many."""

@@ -20,6 +20,7 @@ RETRANSMISSIONS = "retransmissions"
 TRACKING = "tracking"
 LEASES = "leases"
 ADVISORIES = "advisories"
+ENDPOINTS = "endpoints"
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -171,9 +172,18 @@ ADVISORIES_SCHEMA = pa.schema([  # priority groups: every pin given and given up
     ("batch_id", pa.int64()),
 ])
 
+ENDPOINTS_SCHEMA = pa.schema([  # discovery: each change of a subscription's set, whole (herald.engine.discovering)
+    ("subscription", pa.string()),
+    ("endpoint", pa.string()),  # password masked; null in the one row of an empty set
+    ("lookups", pa.string()),  # the lookup URLs whose last good answer named it, ", "-separated, passwords masked
+    ("changed_at", _TIMESTAMP),  # when the set became this one (every row of a set has it)
+    ("writer", pa.string()),  # discovery:<run id>
+    ("batch_id", pa.int64()),
+])
+
 SCHEMAS = {UNDELIVERED: UNDELIVERED_SCHEMA, OFFSETS: OFFSETS_SCHEMA, METRICS: METRICS_SCHEMA,
            RETRIES: RETRIES_SCHEMA, RETRANSMISSIONS: RETRANSMISSIONS_SCHEMA, TRACKING: TRACKING_SCHEMA,
-           LEASES: LEASES_SCHEMA, ADVISORIES: ADVISORIES_SCHEMA}
+           LEASES: LEASES_SCHEMA, ADVISORIES: ADVISORIES_SCHEMA, ENDPOINTS: ENDPOINTS_SCHEMA}
 
 PARKED, HELD, DELIVERED, DISCARDED, RELEASED = "PARKED", "HELD", "DELIVERED", "DISCARDED", "RELEASED"
 
