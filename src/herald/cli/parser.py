@@ -48,9 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = Commands(parser)
     _operating_commands(commands)
     _reading_commands(commands)
-    _priority_commands(commands)
+    _endpoint_commands(commands)
     _local_commands(commands)
-    _discovery_commands(commands)
     return parser
 
 
@@ -115,16 +114,19 @@ def _reading_commands(commands: Commands) -> None:
     oauth.add_argument("--json", action="store_true")
 
 
-def _priority_commands(commands: Commands) -> None:
-    """unpin, priority (`herald.cli.priority`)."""
-    unpin = commands.add("unpin", cmd_unpin, "move a pinned subscription's pin to its next endpoint (running, "
-                                             "suspended or offline alike)")
-    unpin.add_argument("id", help=SUBSCRIPTION_ID)
-    unpin.add_argument("--json", action="store_true")
-    priority = commands.add("priority", cmd_priority, "a subscription's priority group: policy, pinned endpoint "
-                                                      "(password masked), pin id, pinned since")
-    priority.add_argument("id", help=SUBSCRIPTION_ID)
-    priority.add_argument("--json", action="store_true")
+def _endpoint_commands(commands: Commands) -> None:
+    """unpin, priority (`herald.cli.priority`) and endpoints (`herald.cli.discovering`): each takes a
+    subscription id and --json."""
+    for name, handler, help_text in (
+            ("unpin", cmd_unpin, "move a pinned subscription's pin to its next endpoint (running, suspended or "
+                                 "offline alike)"),
+            ("priority", cmd_priority, "a subscription's priority group: policy, pinned endpoint (password masked), "
+                                       "pin id, pinned since"),
+            ("endpoints", cmd_endpoints, "a subscription's endpoints now: its discovered set and the lookup that "
+                                         "named each (passwords masked)")):
+        sub = commands.add(name, handler, help_text)
+        sub.add_argument("id", help=SUBSCRIPTION_ID)
+        sub.add_argument("--json", action="store_true")
 
 
 def _local_commands(commands: Commands) -> None:
@@ -155,13 +157,6 @@ def _local_commands(commands: Commands) -> None:
     jars.add_argument("action", choices=["fetch", "show"], nargs="?", default="show")
     jars.add_argument("--json", action="store_true")
 
-
-def _discovery_commands(commands: Commands) -> None:
-    """endpoints (`herald.cli.discovering`)."""
-    endpoints = commands.add("endpoints", cmd_endpoints, "a subscription's endpoints now: its discovered set and "
-                                                         "the lookup that named each (passwords masked)")
-    endpoints.add_argument("id", help=SUBSCRIPTION_ID)
-    endpoints.add_argument("--json", action="store_true")
 
 
 def join_relative_dates(argv: list[str]) -> list[str]:

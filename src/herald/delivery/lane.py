@@ -9,7 +9,8 @@ subscription, from Hermes (`outcome`, `policy`, `flow`), the same for every deli
   with inflight 1 a partition's messages go out in order;
 - it starts attempts of due units, within its hard rate cap and its adaptive controller (`dispatch`), never
   refusing a first attempt for the TTL; each attempt goes to the endpoint its strategy picks
-  (`herald.delivery.choice`: one endpoint, ANYCAST round-robin, or BROADCAST's every endpoint);
+  (`herald.delivery.choice`: one endpoint, ANYCAST round-robin, overflow, or BROADCAST's every endpoint; a
+  pinned endpoint's answers are watched, `herald.delivery.pin`);
 - it classifies each answer and delivers, schedules a retry (backoff or Retry-After) or discards (`answer`);
 - at the end (`settle`), what is unfinished either stops the subscription's position (never attempted, or an
   ordered subscription's retry or a batch, carried with its state) or is parked with its state (a retry of an
@@ -268,8 +269,9 @@ class Lane:
                     self._tokens.delivered(self.plan.oauth)
         else:
             outcome = classify(failure=result)
-        if self.pin is not None:
-            self._pin_answered(outcome.verdict is Verdict.DELIVERED, now.ms)
+        if self.pin is not None:  # refused for its timeout: the lane starts nothing more, the driver unpins it
+            self.settling |= self.pin.answer(outcome.verdict is Verdict.DELIVERED, now.ms)
+            self.report.pin_news = self.pin.news()
         counters = self.counters
         category = outcome.category.value
         setattr(counters, category, getattr(counters, category) + 1)
@@ -289,14 +291,6 @@ class Lane:
         else:
             assert isinstance(step, GiveUp)
             self._end(unit, now, failure=(step.reason, step.ended_by))
-
-    def _pin_answered(self, accepted: bool, now_ms: int) -> None:
-        """The pinned endpoint answered (at `now_ms`, epoch ms); once it has refused for its timeout the lane
-        starts nothing more (its unfinished units are carried or parked, and the driver gives the pin up)."""
-        self.pin.answer(accepted, now_ms)
-        self.report.pin_news = self.pin.news()
-        if self.pin.expired(now_ms):
-            self.settling = True
 
     def _end(self, unit: Unit, now: Instant, failure: tuple[str, str] | None = None) -> None:
         """`unit` ended: delivered, or given up with `failure` (reason, ended_by: an undelivered row for each

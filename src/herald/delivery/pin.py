@@ -35,8 +35,9 @@ class PinWatch:
         self.answered = False
         self._refused_here = False  # a refusal answered in this task (the streak alone may be the driver's)
 
-    def answer(self, accepted: bool, now_ms: int) -> None:
-        """An attempt at the pinned endpoint was answered at `now_ms`: 2xx (`accepted`) or not."""
+    def answer(self, accepted: bool, now_ms: int) -> bool:
+        """An attempt at the pinned endpoint was answered at `now_ms`: 2xx (`accepted`) or not. True when the
+        pin has expired with it (the lane then starts no more attempts)."""
         self.answered = True
         if accepted:
             self.accepted_ms = now_ms
@@ -45,6 +46,7 @@ class PinWatch:
             self._refused_here = True
             if self.refused_since_ms is None:
                 self.refused_since_ms = now_ms
+        return self.expired(now_ms)
 
     def expired(self, now_ms: int) -> bool:
         """The endpoint has refused everything for `timeout_ms`, and refused in this task too (a lane tries
