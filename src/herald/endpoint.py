@@ -22,7 +22,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 MASK = "*****"
 
 # scheme://user:password@  (password up to the last '@' before the host part)
-_CREDENTIALS = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:)(?P<password>[^\s/]*)@")
+_CREDENTIALS = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<password>[^\s/]*)@")
 
 
 def mask_secrets(text: str) -> str:

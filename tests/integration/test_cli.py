@@ -28,7 +28,7 @@ def herald(*args: str, timeout: float = 120, stdin: str | None = None) -> subpro
 def test_validate_the_example_conf():
     result = herald("validate", "--conf", str(REPO / "conf"))
     assert result.returncode == 0, result.stderr
-    assert "valid: 1 topic(s), 3 subscription(s) (2 ACTIVE)" in result.stdout
+    assert "valid: 1 topic(s), 4 subscription(s) (3 ACTIVE)" in result.stdout
 
 
 def test_invalid_config_is_listed_and_run_refuses_to_start(tmp_path):

@@ -33,7 +33,8 @@ class _NoParked:
 def _pipeline(config, catching_up: set[str]) -> TopicPipeline:
     context = types.SimpleNamespace(config=config, flow_settings=FlowSettings(), oauth_providers={},
                                     priority=Priority(None, "test", lambda: 0),  # no pinned subscription
-                                    endpoints_of=lambda s: s.targets, former_endpoint=lambda shown: None)
+                                    endpoints_of=lambda s: None,  # configured endpoints, as EngineContext says
+                                    former_endpoint=lambda shown: None)
     states = [SubscriptionState(s, positions={0: 0}, catching_up=s.name in catching_up) for s in config.subscriptions]
     pipeline = TopicPipeline.__new__(TopicPipeline)  # no Spark: only the states and the planning are used here
     pipeline.context, pipeline.retries, pipeline.states = context, _NoParked(), {s.id: s for s in states}
@@ -60,3 +61,17 @@ def test_a_round_whose_indices_point_at_another_subscription_is_refused_before_i
     with pytest.raises(RuntimeError, match="not its place"):
         steps.deliver(types.SimpleNamespace(config=config), config.topic_of(beta), [alpha, beta], misnumbered,
                       raw=None, ranges={0: (0, 10)}, max_tasks=1, shared=True)
+
+
+def test_an_overflow_subscription_is_planned_with_its_endpoints_conditions(tmp_path):
+    overflow = SUBSCRIPTION.replace("endpoint: http://127.0.0.1:8080/orders", """endpoints:
+  - http://127.0.0.1:8080/east
+  - {url: "http://127.0.0.1:8080/west", minPending: 1000, minInflight: 50}
+priority: {policy: overflow}""")
+    config = load_config(write_conf(tmp_path, subscriptions={"billing": overflow}))
+    pipeline = _pipeline(config, set())
+    state = next(iter(pipeline.states.values()))
+    state.topic_end = {0: 1500}
+    (member,) = steps.participants(pipeline.context, [(0, state)], _NoParked.parked_count)
+    assert [(t.min_pending, t.min_inflight) for t in member.plan.targets] == [(None, None), (1000, 50)]
+    assert member.plan.pending == 1500

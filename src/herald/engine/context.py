@@ -64,17 +64,18 @@ class EngineContext:
         (§5c). Its messages wait; what holds it wakes the catch-up and retry threads when it may deliver."""
         return self.priority.holds(subscription_id) or self.discovery.holds(subscription_id)
 
-    def endpoints_of(self, subscription) -> list[Endpoint]:
-        """The subscription's endpoints now: the configured ones, or its discovered set (§5c)."""
-        found = self.discovery.endpoints_of(subscription)
-        return subscription.targets if found is None else found
+    def endpoints_of(self, subscription) -> list[Endpoint] | None:
+        """The subscription's discovered set now (§5c; empty while none is known), or None when its endpoints are
+        configured (the planner then takes them from the subscription, overflow conditions included)."""
+        return self.discovery.endpoints_of(subscription)
 
     def shown_endpoints(self, subscription) -> tuple[str, ...] | None:
         """Its endpoints as people see them (passwords masked), for its priority group; None while a discovered
         set is not known yet (no lookup has answered)."""
         if subscription.discovery is not None and not self.discovery.answered(subscription.id):
             return None
-        return tuple(endpoint.masked for endpoint in self.endpoints_of(subscription))
+        found = self.endpoints_of(subscription)
+        return tuple(endpoint.masked for endpoint in (subscription.targets if found is None else found))
 
     def former_endpoint(self, shown: str) -> Endpoint | None:
         """An endpoint that left its subscription's set, by its URL as people see it (None: unknown here)."""

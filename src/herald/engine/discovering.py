@@ -251,10 +251,12 @@ class Discoveries:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop polling; a lookup still being asked is not waited for (the thread is a daemon), so a slow
+        lookup never eats the job's shutdown grace."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=1.0)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 

@@ -82,7 +82,7 @@ def former_target(shown: str, former: Former | None) -> Target:
     if endpoint is None:
         parsed = Endpoint.parse(shown)
         endpoint = parsed if parsed.password is None else Endpoint(parsed.url, parsed.user, None)
-    return target_of(endpoint)
+    return replace(target_of(endpoint), shown=shown)  # its name stays the one its states know it by
 
 
 def placed(resume: dict, endpoints: tuple[Target, ...], former: Former | None) -> tuple[dict, tuple[Target, ...]]:

@@ -166,7 +166,8 @@ class RetryDriver:
     def _sleep_s(self) -> float:
         with self._lock:
             dues = [max(m.state.due_ms, self._next_permit.get(sid, 0)) for sid, messages in self._parked.items()
-                    if sid in self._active for m in messages.values() if not self._tried_here(sid, m)]
+                    if sid in self._active and not self.context.holds(sid)  # held: what ends the hold wakes us
+                    for m in messages.values() if not self._tried_here(sid, m)]
         if not dues:
             return 1.0
         return min(1.0, max(0.0, (min(dues) - now_ms()) / 1000))
@@ -243,11 +244,18 @@ class RetryDriver:
         with self._lock:
             active = [self._active[sid] for sid in due if sid in self._active]
         endpoints = {subscription.id: context.endpoints_of(subscription) for subscription in active}
-        active = [subscription for subscription in active if endpoints[subscription.id]]  # none: it waits (§5c)
-        pins = {subscription.id: context.priority.lease(subscription) for subscription in active}
-        subscriptions = [subscription for subscription in active if pins[subscription.id] != HELD]
+        pins: dict = {}
+        subscriptions: list[Subscription] = []
         report = None
         try:
+            for subscription in active:
+                found = endpoints[subscription.id]
+                pin = None if found is not None and not found else context.priority.lease(subscription)
+                if (found is not None and not found) or pin == HELD:  # it waits (§5b, §5c): later, not now
+                    self._postpone({subscription.id: due[subscription.id]}, 1000)
+                    continue
+                pins[subscription.id] = pin
+                subscriptions.append(subscription)
             lanes, rows = {}, []
             for index, subscription in enumerate(subscriptions):
                 messages = due[subscription.id]

@@ -51,7 +51,7 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
     try:
         for index, state in states:
             endpoints = context.endpoints_of(state.subscription)
-            if not endpoints:
+            if endpoints is not None and not endpoints:  # none discovered: it waits
                 state.busy = False
                 continue
             pin = context.priority.lease(state.subscription)
