@@ -129,9 +129,8 @@ endpoints:
 def job(tmp_path, subscription=DISCOVERING, with_store=True):
     config = load_config(write_conf(tmp_path, subscriptions={"billing": subscription}))
     clock, lookups = FakeClock(), FakeLookups()
-    discoveries = Discoveries(lookups, clock, clock.wall_ms, random.Random(1), workers=0)
-    if with_store:
-        discoveries.store = open_store("deltalake", str(tmp_path / "state"))
+    store = open_store("deltalake", str(tmp_path / "state")) if with_store else None
+    discoveries = Discoveries(lookups, clock, clock.wall_ms, random.Random(1), workers=0, store=store)
     return config, clock, lookups, discoveries
 
 
@@ -203,9 +202,8 @@ def test_a_pinned_group_waits_for_the_set_follows_it_and_unpins_an_endpoint_that
     pinned = DISCOVERING + "priority: {policy: pinned, timeoutMs: 1000}\n"
     config, clock, lookups, discoveries = job(tmp_path, pinned)
     (subscription,) = config.subscriptions
-    priority = Priority(discoveries.store, "run", clock.wall_ms)
-    priority.endpoints_of = lambda s: (tuple(e.masked for e in discoveries.endpoints_of(s))
-                                       if discoveries.answered(s.id) else None)
+    priority = Priority(discoveries.store, "run", clock.wall_ms, endpoints_of=lambda s: (
+        tuple(e.masked for e in discoveries.endpoints_of(s)) if discoveries.answered(s.id) else None))
     discoveries.changed.append(lambda sid, change: priority.configure(config.subscriptions))
     discoveries.configure(config.subscriptions)
     priority.configure(config.subscriptions)

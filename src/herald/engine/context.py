@@ -54,10 +54,9 @@ class EngineContext:
     discovery: Discoveries = field(init=False)
 
     def __post_init__(self) -> None:
-        self.priority = Priority(self.store, self.run_id, now_ms, self.config.settings.streaming.config_poll_s)
-        self.discovery = Discoveries()
-        self.discovery.store, self.discovery.writer = self.store, f"discovery:{self.run_id}"
-        self.priority.endpoints_of = self.shown_endpoints
+        self.discovery = Discoveries(store=self.store, writer=f"discovery:{self.run_id}")
+        self.priority = Priority(self.store, self.run_id, now_ms, self.config.settings.streaming.config_poll_s,
+                                 endpoints_of=self.shown_endpoints)
 
     def holds(self, subscription_id: str) -> bool:
         """The subscription sits rounds out now: its pin changes hands (§5b) or it has no endpoint discovered

@@ -67,14 +67,14 @@ class Discoveries:
 
     def __init__(self, get: Get = http_get, clock: Callable[[], float] = time.monotonic,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000), rng: random.Random | None = None,
-                 workers: int = 4) -> None:
+                 workers: int = 4, store: TableStore | None = None, writer: str = "discovery") -> None:
         self.get, self.clock, self.wall_ms = get, clock, wall_ms
         self.rng = rng or random.Random()
         self.changed: list[Callable[[str, Change], None]] = []
         self.polled: list[Callable[[str, str], None]] = []  # (subscription id, OK or FAILED)
         self.wakers: list[Callable[[], None]] = []
-        self.store: TableStore | None = None  # where each set is recorded (None: nowhere)
-        self.writer = "discovery"
+        self.store = store  # where each set is recorded (None: nowhere)
+        self.writer = writer
         self._batches = itertools.count(1)
         self._last_stamp = 0
         self._lock = threading.RLock()

@@ -63,7 +63,8 @@ class Priority:
     """`now_ms`: the wall clock (epoch ms). `listeners` get every advisory once it is recorded; `wakers` are
     called when a switch lets a subscription deliver again."""
 
-    def __init__(self, store: TableStore, run_id: str, now_ms: Callable[[], int], poll_s: float = 2.0) -> None:
+    def __init__(self, store: TableStore, run_id: str, now_ms: Callable[[], int], poll_s: float = 2.0,
+                 endpoints_of: Callable[[Subscription], tuple[str, ...] | None] | None = None) -> None:
         self.store = store
         self.writer = f"priority:{run_id}"
         self.now_ms = now_ms
@@ -73,7 +74,7 @@ class Priority:
         self.lock = threading.RLock()  # also held by whoever tells running tasks the pins (a consistent view)
         self._groups: dict[str, PinGroup] = {}
         self._waiting: set[str] = set()  # pinned subscriptions whose endpoints are not known yet (§5c)
-        self.endpoints_of: Callable[[Subscription], tuple[str, ...] | None] = shown_endpoints
+        self.endpoints_of = endpoints_of or shown_endpoints
         """A subscription's endpoints as people see them, in order; None while they are not known yet (a
         discovered set before its first answer): its group then waits, and its rounds with it."""
         self._batches = itertools.count(1)
