@@ -83,16 +83,16 @@ def test_an_ordered_pinned_subscription_keeps_its_order_across_the_switch(broker
     assert standby.requests[0].headers["Hermes-Retry-Count"] != "0", "message 5 kept its retry count"
 
 
-def test_the_pin_survives_kill_9_and_herald_unpin_moves_it_while_running(broker, topic_name, tmp_path):
+def test_the_pin_survives_kill_9_and_herald_unpin_moves_it_while_running(broker, spark, topic_name, tmp_path,
+                                                                          capsys):
     import os
     import signal
     import subprocess
     import sys
 
+    from herald.cli import main
     from tests.support.herald_env import wait_until
-
-    def herald(*args: str) -> list[str]:
-        return [sys.executable, "-m", "herald", *args]
+    from tests.support.running import RunningHerald
 
     broker.create_topics({topic_name: 2})
     subscription_id = f"{topic_name}.orders"
@@ -101,41 +101,33 @@ def test_the_pin_survives_kill_9_and_herald_unpin_moves_it_while_running(broker,
             "endpoints": [primary.url + "/orders", standby.url + "/orders"],
             "priority": {"policy": "pinned"}, "subscriptionPolicy": {"inflightSize": 2}}},
             settings={"streaming": {"maxOffsetsPerTrigger": 10}})
-        job = subprocess.Popen(herald("run", "--conf", str(conf)), start_new_session=True,
+        job = subprocess.Popen([sys.executable, "-m", "herald", "run", "--conf", str(conf)], start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(30)])
             assert wait_until(lambda: len(primary.requests) >= 8, timeout_s=180), job.stderr.read1().decode()
         finally:
-            os.killpg(job.pid, signal.SIGKILL)
+            os.killpg(job.pid, signal.SIGKILL)  # the driver, its JVM and Python workers, at once
             job.wait()
         first_pin = {r.headers["Herald-Pin-Id"] for r in primary.requests}
         assert len(first_pin) == 1
-        job = subprocess.Popen(herald("run", "--conf", str(conf)), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
+        with RunningHerald(conf, spark):  # the restarted job
             assert wait_until(lambda: {r.json()["i"] for r in primary.requests} >= set(range(30)), timeout_s=180), \
                 "the restarted job delivers the rest to the same pin"
             assert {r.headers["Herald-Pin-Id"] for r in primary.requests} == first_pin, "same pin id after kill -9"
-            unpinned = subprocess.run(herald("unpin", "--conf", str(conf), subscription_id, "--json"),
-                                      capture_output=True, text=True, timeout=120)
-            assert unpinned.returncode == 0, unpinned.stderr
-            assert json.loads(unpinned.stdout)["pinId"] in first_pin
+            capsys.readouterr()
+            assert main(["unpin", "--conf", str(conf), subscription_id, "--json"]) == 0
+            assert json.loads(capsys.readouterr().out)["pinId"] in first_pin
             produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(30, 50)])
             assert wait_until(lambda: {r.json()["i"] for r in primary.requests + standby.requests}
                               >= set(range(50)), timeout_s=180), "delivered after the unpin"
-        finally:
-            os.killpg(job.pid, signal.SIGINT)
-            job.wait(timeout=120)
     assert standby.requests, "the pin moved to the next endpoint"
     assert max(r.at for r in primary.requests) < min(r.at for r in standby.requests)
     assert len({r.headers["Herald-Pin-Id"] for r in standby.requests} | first_pin) == 2
-    shown = subprocess.run(herald("priority", "--conf", str(conf), subscription_id, "--json"), capture_output=True,
-                           text=True, timeout=120)
-    state = json.loads(shown.stdout)
+    assert main(["priority", "--conf", str(conf), subscription_id, "--json"]) == 0
+    state = json.loads(capsys.readouterr().out)
     assert state["endpoint"] == standby.url + "/orders" and state["pin_reason"] == "admin"
     assert state["pin_id"] in {r.headers["Herald-Pin-Id"] for r in standby.requests}
-
 
 def test_an_overflow_endpoint_takes_a_share_of_a_large_backlog_only(broker, spark, topic_name, tmp_path):
     broker.create_topics({topic_name: 1})

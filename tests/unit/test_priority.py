@@ -248,3 +248,17 @@ def test_a_job_that_lost_its_lease_switches_no_pin(tmp_path):
     priority.release("shop.orders.billing", pin, PinNews(None, T0))
     assert priority.lease(billing) == HELD, "it gives the pin up in memory (it stops sending there)"
     assert recorded_state(store, "shop.orders.billing") == before, "but records nothing"
+
+
+def test_a_new_pin_is_not_throttled_by_what_the_old_one_taught_the_flow_controller(tmp_path):
+    from herald.delivery.flow import FlowMode, FlowState
+    from herald.engine.state import SubscriptionState
+
+    config, _ = setup(tmp_path)
+    state = SubscriptionState(config.subscription("shop.orders.billing"))
+    state.pinned_to("pin-1")
+    state.flow = FlowState(FlowMode.HEARTBEAT, 0.5, 1_800_000_060_000)  # the old pin kept failing
+    state.pinned_to("pin-1")
+    assert state.flow.mode is FlowMode.HEARTBEAT, "the same pin: its flow state stays"
+    state.pinned_to("pin-2")
+    assert state.flow == FlowState(), "a new pin starts at full speed"

@@ -64,6 +64,7 @@ class RetryDriver:
         self._thread: threading.Thread | None = None
         self._in_round = False
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
+        self._pin_of: dict[str, str] = {}  # subscription id -> the pin its last round went to (priority pinned)
         self.live_state = live_state
         """subscription id -> (its topic's lock, its running SubscriptionState), or None, so that a round starts
         from the subscription's flow state (one controller per subscription, as in Hermes: a subscriber slowed to
@@ -260,6 +261,14 @@ class RetryDriver:
             for index, subscription in enumerate(subscriptions):
                 messages = due[subscription.id]
                 live = self.live_state(subscription.id)
+                pin = pins[subscription.id]
+                if isinstance(pin, Pin) and self._pin_of.get(subscription.id, pin.pin_id) != pin.pin_id:
+                    self._next_permit.pop(subscription.id, None)  # a new pin: the old one's slowing is not its
+                if isinstance(pin, Pin):
+                    self._pin_of[subscription.id] = pin.pin_id
+                    if live is not None:
+                        with live[0]:
+                            live[1].pinned_to(pin.pin_id)
                 flow = live[1].flow if live else FlowState()
                 flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
                 state = SubscriptionState(subscription, flow=flow)

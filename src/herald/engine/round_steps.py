@@ -26,6 +26,7 @@ from herald.delivery.plan import LanePlan, TaskPlan
 from herald.engine.context import EngineContext, stamp_ms
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
+from herald.engine.pinning import Pin
 from herald.engine.priority import HELD
 from herald.engine.positions import Lost, lost_ranges, unread_ranges
 from herald.engine.projection import project
@@ -58,6 +59,8 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
             if pin == HELD:
                 state.busy = False
                 continue
+            if isinstance(pin, Pin):
+                state.pinned_to(pin.pin_id)
             try:
                 plan = lane_plan(state, context.flow_settings, parked_count(state.id),
                                  providers=context.oauth_providers, pin=pin, endpoints=endpoints,

@@ -51,10 +51,18 @@ class SubscriptionState:
     pending_moves: list = field(default_factory=list)  # herald.engine.moves.Move asked for during a round
     idle: tuple[dict[int, int], int] | None = None  # (frontier, epoch ms): its last catch-up round moved nothing
     topic_end: dict[int, int] = field(default_factory=dict)
+    pin_id: str | None = None  # priority pinned: the pin its flow state was learnt with
 
     @property
     def id(self) -> str:
         return self.subscription.id
+
+    def pinned_to(self, pin_id: str) -> None:
+        """Its rounds go to the pin `pin_id` now: a new pin is a new endpoint, so the flow state learnt from the
+        old one (slowed to probes because it failed) does not throttle the new one."""
+        if self.pin_id is not None and self.pin_id != pin_id:
+            self.flow = FlowState()
+        self.pin_id = pin_id
 
     def pending(self, parked: int) -> int:
         """Messages read or readable and not yet delivered or discarded: its lag (the topic's end as the job
