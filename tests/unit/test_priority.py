@@ -262,3 +262,12 @@ def test_a_new_pin_is_not_throttled_by_what_the_old_one_taught_the_flow_controll
     assert state.flow.mode is FlowMode.HEARTBEAT, "the same pin: its flow state stays"
     state.pinned_to("pin-2")
     assert state.flow == FlowState(), "a new pin starts at full speed"
+
+
+def test_a_discovery_block_never_shows_its_passwords(tmp_path):
+    secret = DISCOVERED.replace("http://lookup-1.example", "http://ops:pw-lookup@lookup-1.example").replace(
+        "http://{address}", "http://svc:pw-endpoint@{address}")
+    discovery = load_config(write_conf(tmp_path, subscriptions={"billing": secret})).subscription(
+        "shop.orders.billing").discovery
+    shown = repr(discovery) + str(discovery)
+    assert "pw-lookup" not in shown and "pw-endpoint" not in shown and "ops:*****@lookup-1" in shown

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Discriminator, Field, Tag, field_validator
 
 from herald.config.base import Strict
-from herald.endpoint import Endpoint
+from herald.endpoint import Endpoint, mask_secrets
 
 TEMPLATE_FIELDS = ("address", "port")
 
@@ -64,6 +64,12 @@ class Discovery(Strict):
             raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; a template may use {{address}} and {{port}}")
         checked_url(value.format(address="host.example", port=80))
         return value
+
+    def __repr__(self) -> str:  # lookups and the template may hold passwords: never shown
+        return (f"Discovery(urls={[mask_secrets(url) for url in self.urls]!r}, pollIntervalMs={self.pollIntervalMs}, "
+                f"jitter={self.jitter}, endpoint={mask_secrets(self.endpoint or '')!r}, timeoutMs={self.timeoutMs})")
+
+    __str__ = __repr__
 
     def fill(self, address: str, port: int) -> str:
         """An endpoint URL from a lookupd producer (needs `endpoint`)."""
