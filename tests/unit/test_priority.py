@@ -36,6 +36,13 @@ def board(store, clock, run="run-1") -> Priority:
     return Priority(store, run, clock)
 
 
+def pinned_job(tmp_path):
+    """(config, store, the pinned subscription, a clock, a job's Priority not configured yet)."""
+    config, store = setup(tmp_path)
+    clock = Clock()
+    return config, store, config.subscription("shop.orders.billing"), clock, board(store, clock)
+
+
 def test_validate_refuses_priority_with_one_endpoint_or_broadcast_naming_the_key(tmp_path):
     one = SUBSCRIPTION + "priority: {policy: pinned}\n"
     assert any("priority" in p and "at least two" in p for p in problems_of(write_conf(tmp_path / "a", subscriptions={
@@ -48,10 +55,7 @@ def test_validate_refuses_priority_with_one_endpoint_or_broadcast_naming_the_key
 
 
 def test_the_first_pin_is_recorded_before_a_round_gets_it_and_survives_a_restart(tmp_path):
-    config, store = setup(tmp_path)
-    billing = config.subscription("shop.orders.billing")
-    clock = Clock()
-    first = board(store, clock)
+    config, store, billing, clock, first = pinned_job(tmp_path)
     seen = []
     first.listeners.append(seen.append)
     first.configure(config.subscriptions)
@@ -74,10 +78,7 @@ def test_the_first_pin_is_recorded_before_a_round_gets_it_and_survives_a_restart
 
 
 def test_a_timeout_switches_once_the_rounds_end_and_the_password_never_reaches_the_table(tmp_path):
-    config, store = setup(tmp_path)
-    billing = config.subscription("shop.orders.billing")
-    clock = Clock()
-    priority = board(store, clock)
+    config, store, billing, clock, priority = pinned_job(tmp_path)
     woken = []
     priority.wakers.append(lambda: woken.append(True))
     priority.configure(config.subscriptions)
@@ -125,10 +126,7 @@ def test_herald_unpin_offline_and_while_running(tmp_path):
 
 
 def test_an_edit_that_removes_the_pinned_endpoint_moves_the_pin(tmp_path):
-    config, store = setup(tmp_path)
-    billing = config.subscription("shop.orders.billing")
-    clock = Clock()
-    priority = board(store, clock)
+    config, store, billing, clock, priority = pinned_job(tmp_path)
     priority.configure(config.subscriptions)
     edited = load_config(write_conf(tmp_path / "edited", subscriptions={"billing": PINNED_SUBSCRIPTION.replace(
         "http://primary.example/orders", "http://third.example/orders")}))
@@ -223,10 +221,7 @@ def test_live_edits_and_reactivation_keep_the_lease_count_and_never_send_to_an_e
 
 
 def test_an_idle_round_never_times_the_pin_out(tmp_path):
-    config, store = setup(tmp_path)
-    billing = config.subscription("shop.orders.billing")
-    clock = Clock()
-    priority = board(store, clock)
+    config, store, billing, clock, priority = pinned_job(tmp_path)
     priority.configure(config.subscriptions)
     priority.release("shop.orders.billing", priority.lease(billing), PinNews(None, T0))  # a 400, say
     clock.ms += 60_000
@@ -236,10 +231,7 @@ def test_an_idle_round_never_times_the_pin_out(tmp_path):
 
 
 def test_a_job_that_lost_its_lease_switches_no_pin(tmp_path):
-    config, store = setup(tmp_path)
-    billing = config.subscription("shop.orders.billing")
-    clock = Clock()
-    priority = board(store, clock)
+    config, store, billing, clock, priority = pinned_job(tmp_path)
     priority.configure(config.subscriptions)
     before = recorded_state(store, "shop.orders.billing")
     priority.freeze()
