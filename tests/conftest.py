@@ -32,10 +32,11 @@ def broker(tmp_path_factory) -> EmbeddedBroker:
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory):
     """Apache Kafka's own broker (KRaft, one node) on free loopback ports, started once, by the first test that asks
-    for it (4-5 s; jars fetched by `make install`, or here the first time). Tests may restart it; it keeps its data."""
+    for it (4-5 s; jars fetched by `make install`, or here the first time). Tests may restart it; it keeps its data.
+    It listens for PLAINTEXT (`bootstrap_servers`) and SASL_SSL (`sasl_bootstrap_servers`, CA `pki.ca`)."""
     from tests.support.kafka_broker import KafkaBroker
 
-    kafka = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    kafka = KafkaBroker(tmp_path_factory.mktemp("kafka"), sasl_ssl=True)
     kafka.start()
     yield kafka
     kafka.stop()

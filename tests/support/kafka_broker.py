@@ -11,7 +11,13 @@
     broker.stop()
 
 It has `bootstrap_servers` and `create_topics(partitions_by_topic)` as `herald.broker.EmbeddedBroker` has, so
-tests can take either. The settings in `SERVER_PROPERTIES` make retention act within seconds (a retention check
+tests can take either.
+
+With `sasl_ssl=True` it also listens for SASL_SSL on `sasl_port` (`sasl_bootstrap_servers`), as production
+brokers do: TLS with a certificate for 127.0.0.1 and localhost that a test CA signed (`pki.ca`, a PEM file
+clients trust), and SASL with PLAIN and SCRAM-SHA-512, user `SASL_USER` with password `SASL_PASSWORD` for
+both. PLAINTEXT stays the listener between broker and controller and the one the other tests and the helpers
+here use. The settings in `SERVER_PROPERTIES` make retention act within seconds (a retention check
 every second, from the start) and keep a one-node cluster small (internal topics of one partition, one replica).
 """
 
@@ -28,6 +34,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from herald.broker import BrokerError
 from tests.support import kafka_dist
+from tests.support.tls_certs import TestPki
 
 SERVER_PROPERTIES = {
     "process.roles": "broker,controller",
@@ -52,6 +59,19 @@ SERVER_PROPERTIES = {
     "log.initial.task.delay.ms": "0",
     "log.segment.delete.delay.ms": "1000",
 }
+SASL_USER = "herald"
+SASL_PASSWORD = "sasl-pw-7Qk2vX9z"  # unique enough that a test can look for it in logs
+# SASL_SSL: the listener's TLS from PEM files (no keytool, no JKS), PLAIN's users in its JAAS config, and
+# SCRAM-SHA-512, whose credentials live in the cluster metadata (added when the storage is formatted).
+_SASL_SSL_PROPERTIES = {
+    "listener.name.sasl_ssl.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+    "listener.name.sasl_ssl.plain.sasl.jaas.config":
+        f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{SASL_USER}="{SASL_PASSWORD}";',
+    "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+    "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
+}
+
 # The JVM's heap bounds and C1 only: it starts faster and takes less CPU on a 2-core machine shared with Spark.
 JVM_OPTIONS = ("-Xms64m", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
@@ -76,15 +96,18 @@ class KafkaBroker:
     """Kafka's server on 127.0.0.1:`port` (its controller on `controller_port`), its data in `data_dir`.
 
     `properties` add to or override `SERVER_PROPERTIES`. After `start()`, `started_in_s` is the seconds from
-    launching the JVM until the broker answered a metadata request.
+    launching the JVM until the broker answered a metadata request. With `sasl_ssl`, a SASL_SSL listener on
+    `sasl_port` too (its CA and certificate in `pki`, made once in data_dir/pki).
     """
 
     def __init__(self, data_dir: Path, port: int | None = None, controller_port: int | None = None,
-                 properties: dict[str, str] | None = None) -> None:
+                 properties: dict[str, str] | None = None, sasl_ssl: bool = False) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or _free_port()
         self.controller_port = controller_port or _free_port()
         self.properties = dict(properties or {})
+        self.sasl_port = _free_port() if sasl_ssl else None
+        self.pki: TestPki | None = None
         self.started_in_s: float | None = None
         self._process: subprocess.Popen | None = None
 
@@ -96,23 +119,49 @@ class KafkaBroker:
     def log_file(self) -> Path:
         return self.data_dir / "server.log"
 
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        if self.sasl_port is None:
+            raise BrokerError("this broker has no SASL_SSL listener (KafkaBroker(..., sasl_ssl=True))")
+        return f"127.0.0.1:{self.sasl_port}"
+
     def _admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
 
     # -- process ------------------------------------------------------------------------------------------------
     def _write_config(self) -> Path:
+        listeners = f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+        advertised = f"PLAINTEXT://127.0.0.1:{self.port}"
         settings = {
             **SERVER_PROPERTIES,
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": listeners,
+            "advertised.listeners": advertised,
             "log.dirs": str(self.data_dir / "logs"),
-            **self.properties,
         }
+        if self.sasl_port is not None:
+            settings.update({
+                "listeners": f"{listeners},SASL_SSL://127.0.0.1:{self.sasl_port}",
+                "advertised.listeners": f"{advertised},SASL_SSL://127.0.0.1:{self.sasl_port}",
+                "listener.security.protocol.map": f"{SERVER_PROPERTIES['listener.security.protocol.map']},"
+                                                  "SASL_SSL:SASL_SSL",
+                **_SASL_SSL_PROPERTIES,
+                "listener.name.sasl_ssl.ssl.keystore.location": str(self._keystore()),
+            })
+        settings.update(self.properties)
         path = self.data_dir / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2.format(log=self.log_file))
         return path
+
+    def _keystore(self) -> Path:
+        """The SASL_SSL listener's PEM key store (its key, then its certificate), made with the test CA once."""
+        keystore = self.data_dir / "pki" / "broker-keystore.pem"
+        self.pki = TestPki(self.data_dir / "pki")
+        if not keystore.exists():
+            self.pki = TestPki.create(self.data_dir / "pki")
+            keystore.write_bytes(self.pki.server_key.read_bytes() + self.pki.server_cert.read_bytes())
+        return keystore
 
     def _java(self, main: str, *args: str) -> list[str]:
         classpath = ":".join(kafka_dist.fetch())
@@ -126,7 +175,10 @@ class KafkaBroker:
         cluster_id = "-"
         while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: a leading '-' reads as an option
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        result = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+        scram = (("--add-scram", f"SCRAM-SHA-512=[name={SASL_USER},password={SASL_PASSWORD}]")
+                 if self.sasl_port is not None else ())
+        result = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
+                                           *scram),
                                 capture_output=True, text=True, timeout=120, check=False)
         if result.returncode != 0:
             raise BrokerError(f"kafka-storage format failed: {(result.stdout + result.stderr)[-2000:]}")
