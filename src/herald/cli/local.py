@@ -43,6 +43,7 @@ def cmd_broker(args) -> int:
 
 
 def cmd_publish(args) -> int:
+    from herald.kafka_properties import for_librdkafka
     from herald.publish import publish
 
     config = load(args.conf)
@@ -62,8 +63,8 @@ def cmd_publish(args) -> int:
         from herald.avro.encode import avro_encoder
 
         encode = avro_encoder(config.avro_source(topic))
-    result = publish(kafka.bootstrapServers, topic.kafka_topic, lines, kafka.properties, retries=args.retries,
-                     message_timeout_s=args.timeout, encode=encode)
+    result = publish(kafka.bootstrapServers, topic.kafka_topic, lines, for_librdkafka(kafka.properties),
+                     retries=args.retries, message_timeout_s=args.timeout, encode=encode)
     for number, why in result.rejected:
         print(f"message {number} rejected: {why}", file=sys.stderr)
     for number, why in result.failed:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
+from herald import kafka_properties
 from herald.config.base import Strict
 from herald.config.model import OAuthPolicy, OnDiscard
 from herald.config.tls import Tls
@@ -25,11 +26,19 @@ class KafkaSettings(Strict):
     bootstrapServers: str
     connector: Literal["auto", "spark", "python"] = "auto"
     cluster: str = "primary"  # stored in undelivered rows, as Hermes names its data centre
-    properties: dict[str, str] = Field(default_factory=dict)  # client properties; may hold secrets: never logged
+    # client properties, in Java's or librdkafka's names (herald.kafka_properties); may hold secrets: never logged
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("properties")
+    @classmethod
+    def _both_clients_read_them(cls, properties: dict[str, str]) -> dict[str, str]:
+        kafka_properties.check(properties)  # Spark's source reads Java's names, the other clients librdkafka's
+        return properties
 
     def client_config(self) -> dict[str, str]:
-        """confluent-kafka's settings for a client of this cluster (never log them: properties may hold secrets)."""
-        return {"bootstrap.servers": self.bootstrapServers, **self.properties}
+        """confluent-kafka's settings for a client of this cluster, the properties in librdkafka's names (never log
+        them: properties may hold secrets)."""
+        return kafka_properties.for_librdkafka({**self.properties, "bootstrap.servers": self.bootstrapServers})
 
 
 class StorageSettings(Strict):

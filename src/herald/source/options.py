@@ -3,10 +3,12 @@
 Names are case-insensitive, as in Spark. Streaming (``spark.readStream``) and batch (``spark.read``) reads take
 the same options except where said:
 
-- ``kafka.<property>``: passed to confluent-kafka with the prefix stripped. **librdkafka property names apply**
-  (they mostly match Java's; Java-only properties such as ``sasl.jaas.config`` are rejected by librdkafka with
-  a clear error). ``kafka.bootstrap.servers`` is required. As in Spark, ``auto.offset.reset``,
-  ``enable.auto.commit``, ``key.deserializer``, ``value.deserializer`` and ``interceptor.classes`` are refused.
+- ``kafka.<property>``: passed to confluent-kafka with the prefix stripped. librdkafka's property names apply
+  (they mostly match Java's); Spark's Java names for TLS and SASL (``sasl.jaas.config`` with PLAIN or SCRAM,
+  PEM ``ssl.truststore.*`` and ``ssl.keystore.*``) are translated to librdkafka's (`herald.kafka_properties`), so
+  Spark's options for a SASL_SSL cluster work here as they are. ``kafka.bootstrap.servers`` is required. As in
+  Spark, ``auto.offset.reset``, ``enable.auto.commit``, ``key.deserializer``, ``value.deserializer`` and
+  ``interceptor.classes`` are refused.
   ``isolation.level`` defaults to ``read_uncommitted`` (the Java client's default, so both back-ends read the same
   records; librdkafka's own default is ``read_committed``).
 - ``subscribe``: comma-separated topics; or ``assign``: Spark's JSON ``{"topic": [0, 1]}``, only those partitions.
@@ -41,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from herald import kafka_properties
 from herald.source import PYTHON_SOURCE_NAME
 from herald.source.kafka_offsets import EARLIEST, LATEST, parse_topics
 
@@ -242,7 +245,7 @@ def _client_config(opts: Mapping[str, str]) -> dict[str, str]:
             client_config[prop] = value
     if not client_config.get("bootstrap.servers", "").strip():
         raise ValueError("option 'kafka.bootstrap.servers' is required")
-    return client_config
+    return kafka_properties.for_librdkafka(client_config)
 
 
 def _int_option(name: str, text: str, minimum: int) -> int:

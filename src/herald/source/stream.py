@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
+from herald import kafka_properties
 from herald.session import jvm_class_loads
 from herald.source import PYTHON_SOURCE_NAME, register_python_source
 
@@ -103,6 +104,8 @@ def _with_client_options(reader, connector: str, bootstrap_servers: str, client_
     else:
         reader = reader.option("includeHeaders", "true")
     reader = reader.option("kafka.bootstrap.servers", bootstrap_servers)
+    if connector == "spark":  # Java's client: the properties in its names (the Python source translates its own)
+        client_properties = kafka_properties.for_java(client_properties)
     for key, value in client_properties.items():
         reader = reader.option(f"kafka.{key}", value)
     return reader
