@@ -15,6 +15,7 @@ them are in milliseconds (as in Spark).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Literal
@@ -101,8 +102,9 @@ class OffsetClient:
 
         self._timeout_s = timeout_s
         self._bootstrap = str(client_config.get("bootstrap.servers", ""))
+        self._refused: object | None = None  # the last TLS or SASL error: waiting longer does not help then
         try:
-            self._consumer = Consumer(consumer_config(client_config, "herald-offsets"))
+            self._consumer = Consumer({**consumer_config(client_config, "herald-offsets"), "error_cb": self._on_error})
         except KafkaException as error:
             raise KafkaOffsetsError(
                 f"invalid Kafka client config (librdkafka property names apply): {error}"
@@ -129,10 +131,17 @@ class OffsetClient:
         from confluent_kafka import KafkaException
 
         wanted = list(topics)
-        try:
-            metadata = self._require().list_topics(timeout=self._timeout_s)
-        except KafkaException as error:
-            raise KafkaOffsetsError(f"could not read Kafka metadata from {self._bootstrap}: {error}") from error
+        consumer = self._require()
+        deadline = time.monotonic() + self._timeout_s
+        while True:  # in slices of a second, to stop at once when the broker refuses the client (TLS, SASL)
+            try:
+                metadata = consumer.list_topics(timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+                break
+            except KafkaException as error:
+                consumer.poll(0)  # serves error_cb: why the broker could not be reached
+                if self._refused is not None or time.monotonic() >= deadline:
+                    why = self._refused.str() if self._refused is not None else error
+                    raise KafkaOffsetsError(f"could not read Kafka metadata from {self._bootstrap}: {why}") from error
         missing = [t for t in wanted if t not in metadata.topics]
         if missing:
             raise UnknownTopicError(missing, self._bootstrap)
@@ -190,6 +199,12 @@ class OffsetClient:
             raise KafkaOffsetsError(f"could not look up offsets by time in {topic} on {self._bootstrap}: "
                                     f"{error}") from error
         return {item.partition: item.offset if item.offset >= 0 else marks[item.partition][1] for item in found}
+
+    def _on_error(self, error) -> None:
+        from confluent_kafka import KafkaError
+
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            self._refused = error
 
     def _require(self):
         if self._consumer is None:
