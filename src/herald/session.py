@@ -3,6 +3,12 @@
 Under `spark-submit` (or on Databricks) the session and its master come from the platform, with the jars the
 platform provides; `herald run` builds a local one from `spark.master` and `spark.conf` in herald.yaml, with the
 jars `herald jars fetch` cached (`herald.jars`: Spark's Kafka source and delta-spark), when it did.
+
+delta-spark writes only in a session with Delta's SQL extension and catalog. Both are static settings, read when
+the session is built: when spark-submit put Delta's jars on the classpath (`--packages`/`--jars`) and its command
+line did not name them, Herald adds them to the session it builds, so that the README's `spark-submit --packages`
+line works as it stands (an extension the command line names is kept, Delta's is added after it; a catalog it
+names is left alone). Databricks' session exists before Herald runs and is already configured for Delta.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from collections.abc import Mapping
 log = logging.getLogger(__name__)
 
 DEFAULT_LOCAL_MASTER = "local[*]"
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+SPARK_CATALOG = "spark.sql.catalog.spark_catalog"
 
 # Settings that keep a local session quiet and small; any of them can be overridden in herald.yaml.
 _LOCAL_DEFAULTS = {
@@ -56,6 +65,10 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
         if not _launched_by_spark_submit():  # its JVM runs already: jars named now would not be on its classpath
             for key, value in _jar_settings(conf or {}).items():
                 builder = builder.config(key, value)
+    if _launched_by_spark_submit():
+        submitted = dict(SparkConf().getAll())
+        for key, value in _delta_session_settings(settings, submitted, _delta_on_classpath()).items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
@@ -77,9 +90,37 @@ def _jar_settings(conf: Mapping[str, str]) -> dict[str, str]:
     jars = cached_jars()
     if not jars:
         return {}
-    return {"spark.jars": ",".join(jars),
-            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
+    return {"spark.jars": ",".join(jars), "spark.sql.extensions": DELTA_EXTENSION, SPARK_CATALOG: DELTA_CATALOG}
+
+
+def _delta_on_classpath() -> bool:
+    """True when the JVM spark-submit started (before any session exists) can load Delta's session extension."""
+    from pyspark import SparkContext
+
+    SparkContext._ensure_initialized()
+    jvm = SparkContext._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    try:
+        jvm.java.lang.Class.forName(DELTA_EXTENSION, False, loader)
+        return True
+    except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
+        return False
+
+
+def _delta_session_settings(settings: Mapping[str, str], submitted: Mapping[str, str],
+                            delta_loads: bool) -> dict[str, str]:
+    """Delta's extension and catalog for a session spark-submit's JVM runs, when its jars are there and neither
+    spark-submit's `--conf`s (`submitted`) nor herald.yaml's `spark.conf` (in `settings`) name them."""
+    if not delta_loads:
+        return {}
+    extensions = settings.get("spark.sql.extensions") or submitted.get("spark.sql.extensions") or ""
+    named = [name.strip() for name in extensions.split(",") if name.strip()]
+    added: dict[str, str] = {}
+    if DELTA_EXTENSION not in named:
+        added["spark.sql.extensions"] = ",".join([*named, DELTA_EXTENSION])
+    if not (settings.get(SPARK_CATALOG) or submitted.get(SPARK_CATALOG)):
+        added[SPARK_CATALOG] = DELTA_CATALOG
+    return added
 
 
 def jvm_class_loads(spark, class_name: str) -> bool:

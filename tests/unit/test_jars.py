@@ -50,3 +50,17 @@ def test_a_session_herald_builds_gets_the_fetched_jars_and_deltas_extension(monk
     assert _jar_settings({"spark.jars.packages": "x:y:1"}) == {}, "herald.yaml's own choice wins"
     (target / "jars.json").write_text(json.dumps({"packages": ["other:pkg:1"], "jars": [str(f) for f in files]}))
     assert _jar_settings({}) == {}, "fetched for other versions: not used"
+
+
+def test_under_spark_submit_deltas_extension_and_catalog_are_added_when_its_jars_load():
+    from herald.session import DELTA_CATALOG, DELTA_EXTENSION, SPARK_CATALOG, _delta_session_settings
+
+    assert _delta_session_settings({}, {}, delta_loads=False) == {}, "no Delta jars: nothing to configure"
+    assert _delta_session_settings({}, {}, delta_loads=True) == {"spark.sql.extensions": DELTA_EXTENSION,
+                                                                  SPARK_CATALOG: DELTA_CATALOG}
+    submitted = {"spark.sql.extensions": "org.example.Ext", SPARK_CATALOG: "org.example.Catalog"}
+    assert _delta_session_settings({}, submitted, delta_loads=True) == {
+        "spark.sql.extensions": f"org.example.Ext,{DELTA_EXTENSION}"}, "the command line's own are kept"
+    both = {"spark.sql.extensions": f"{DELTA_EXTENSION}", SPARK_CATALOG: DELTA_CATALOG}
+    assert _delta_session_settings({}, both, delta_loads=True) == {}, "--conf named them already"
+    assert _delta_session_settings(both, {}, delta_loads=True) == {}, "herald.yaml's spark.conf named them"
