@@ -162,7 +162,7 @@ def test_secrets_are_never_shown(tmp_path, monkeypatch, capsys):
     listed = json.loads(capsys.readouterr().out)
     assert listed == [{"name": "auth", "tokenEndpoint": "http://127.0.0.1:9/token", "clientId": "herald",
                        "clientSecret": "******", "tokenRequestInitialDelay": 1000, "tokenRequestMaxDelay": 30000,
-                       "requestTimeout": 1000, "socketTimeout": 500}]
+                       "requestTimeout": 1000, "socketTimeout": 500, "tls": None}]
     assert main(["oauth", "providers", "--conf", str(conf)]) == 0
     text = capsys.readouterr().out
     assert "******" in text and "s3cret" not in text

@@ -149,3 +149,81 @@ def test_merging_is_a_model_operation_too():
     assert Tls(caBundle="b.pem").over(default) == default.model_copy(update={"caBundle": "b.pem"})
     assert Tls(clientCert="d.pem").over(default) == Tls(caBundle="a.pem", clientCert="d.pem")
     assert Tls(clientCert="d.pem").over(None) == Tls(clientCert="d.pem")
+
+
+def conf_with_provider(tmp_path, pki: TestPki, provider_tls: str = "", settings_tls: str = ""):
+    """conf_with, plus an OAuth provider `auth` (with `provider_tls` as its tls) that billing uses."""
+    provider = ("oauthProviders:\n  - {name: auth, tokenEndpoint: 'https://127.0.0.1:9/token', clientId: herald, "
+                "clientSecret: '${env:CLIENT_SECRET}'" + (f", tls: {provider_tls}" if provider_tls else "") + "}\n")
+    conf = conf_with(tmp_path, pki, settings_tls)
+    (conf / "herald.yaml").write_text((conf / "herald.yaml").read_text() + provider)
+    billing = conf / "subscriptions" / "billing.yaml"
+    billing.write_text(billing.read_text() + "oAuthPolicy: {grantType: clientCredentials, providerName: auth}\n")
+    return conf
+
+
+def token_tls(conf) -> TlsSettings | None:
+    config = load_config(conf)
+    return lane_plan(SubscriptionState(config.subscriptions[0]), FlowSettings(), 0,
+                     providers={p.name: p for p in config.settings.oauthProviders}).oauth.tls
+
+
+def test_token_requests_use_herald_yamls_tls_or_the_providers_own_over_it(tmp_path, pki, monkeypatch):
+    monkeypatch.setenv("KEY_PASSWORD", PASSPHRASE)
+    monkeypatch.setenv("CLIENT_SECRET", "client-s3cret")
+    assert token_tls(conf_with_provider(tmp_path / "none", pki)) is None, "certifi's CAs, no client certificate"
+    everything = ("{caBundle: certs/ca.pem, clientCert: certs/client.pem, clientKey: certs/client-key.pem, "
+                  "clientKeyPassword: '${env:KEY_PASSWORD}'}")
+    conf = conf_with_provider(tmp_path / "inherits", pki, settings_tls=everything)
+    assert token_tls(conf) == TlsSettings(str(conf / "certs/ca.pem"), str(conf / "certs/client.pem"),
+                                          str(conf / "certs/client-key.pem"), PASSPHRASE)
+    conf = conf_with_provider(tmp_path / "own", pki, "{caBundle: certs/other-ca.pem}", settings_tls=everything)
+    assert token_tls(conf) == TlsSettings(str(conf / "certs/other-ca.pem"), str(conf / "certs/client.pem"),
+                                          str(conf / "certs/client-key.pem"), PASSPHRASE), "key by key"
+    conf = conf_with_provider(tmp_path / "alone", pki, everything)
+    assert token_tls(conf) == TlsSettings(str(conf / "certs/ca.pem"), str(conf / "certs/client.pem"),
+                                          str(conf / "certs/client-key.pem"), PASSPHRASE)
+    assert load_config(conf).subscriptions[0].tls is None, "a provider's tls is not the subscribers'"
+
+
+def test_a_providers_tls_problems_name_herald_yaml_and_the_providers_key(tmp_path, pki, monkeypatch):
+    monkeypatch.setenv("KEY_PASSWORD", PASSPHRASE)
+    monkeypatch.setenv("CLIENT_SECRET", "client-s3cret")
+    conf = conf_with_provider(tmp_path / "files", pki, "{caBundle: certs/missing-ca.pem}")
+    assert problems_of(conf) == [
+        f"{HERALD}: oauthProviders[0].tls.caBundle: cannot read certs/missing-ca.pem: No such file or directory"]
+    conf = conf_with_provider(tmp_path / "key", pki, "{clientCert: certs/client.pem, clientKey: certs/client-key.pem, "
+                                                     "clientKeyPassword: '${env:KEY_PASSWORD}-wrong'}")
+    assert problems_of(conf) == [f"{HERALD}: oauthProviders[0].tls.clientKeyPassword: does not decrypt the client key"]
+    conf = conf_with_provider(tmp_path / "unknown", pki, "{caBundle: certs/ca.pem, verify: false}")
+    assert problems_of(conf) == [f"{HERALD}: oauthProviders[0].tls.verify: unknown key"]
+    conf = conf_with_provider(tmp_path / "alone", pki, "{clientKey: certs/client-key.pem}")
+    assert problems_of(conf) == [
+        f"{HERALD}: oauthProviders[0].tls: clientKey and clientKeyPassword need clientCert (the client certificate)"]
+
+
+def test_a_providers_passphrase_is_never_shown(tmp_path, pki, monkeypatch, capsys):
+    import json
+
+    from herald.cli import main
+
+    monkeypatch.setenv("KEY_PASSWORD", PASSPHRASE)
+    monkeypatch.setenv("CLIENT_SECRET", "client-s3cret")
+    everything = ("{caBundle: certs/ca.pem, clientCert: certs/client.pem, clientKey: certs/client-key.pem, "
+                  "clientKeyPassword: '${env:KEY_PASSWORD}'}")
+    conf = conf_with_provider(tmp_path, pki, everything)
+    config = load_config(conf)
+    (provider,) = config.settings.oauthProviders
+    source = lane_plan(SubscriptionState(config.subscriptions[0]), FlowSettings(), 0,
+                       providers={"auth": provider}).oauth
+    assert source.tls.client_key_password == PASSPHRASE
+    assert pickle.loads(pickle.dumps(source)) == source  # it travels to the tasks
+    assert main(["oauth", "providers", "--conf", str(conf), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["tls"] == {"caBundle": str(conf / "certs/ca.pem"), "clientCert": str(conf / "certs/client.pem"),
+                             "clientKey": str(conf / "certs/client-key.pem"), "clientKeyPassword": "******"}
+    assert main(["oauth", "providers", "--conf", str(conf)]) == 0
+    shown = [capsys.readouterr().out, repr(source), str(source), repr(provider), repr(config.settings),
+             provider.model_dump_json()]
+    for text in shown:
+        assert PASSPHRASE not in text and "client-s3cret" not in text

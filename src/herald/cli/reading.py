@@ -86,7 +86,8 @@ def cmd_offsets(args) -> int:
 def cmd_oauth(args) -> int:
     """`herald oauth providers`: herald.yaml's OAuth providers, secrets shown as ******."""
     config = load_herald_yaml(args.conf)
-    providers = [{**provider.model_dump(exclude={"clientSecret"}), "clientSecret": "******"}
+    providers = [{**provider.model_dump(exclude={"clientSecret", "tls"}), "clientSecret": "******",
+                  "tls": provider.tls.shown() if provider.tls is not None else None}  # as in force: paths absolute
                  for provider in config.settings.oauthProviders]
     if args.json:
         print_json(providers)

@@ -210,6 +210,9 @@ def _load(conf_dir: Path | str, lenient: bool) -> LoadResult:
     settings = load_file(settings_path, HeraldSettings, shown, problems, required=True)
     if settings is not None:
         problems.extend(check_tls(settings.delivery.tls, conf_dir, shown(settings_path), "delivery.tls"))
+        for index, provider in enumerate(settings.oauthProviders):
+            problems.extend(check_tls(provider.tls, conf_dir, shown(settings_path), f"oauthProviders[{index}].tls"))
+        settings = _providers_with_tls_in_force(settings, conf_dir)
     if lenient and (problems or settings is None):
         raise ConfigError(problems or [Problem(shown(settings_path), "", "file not found")])
 
@@ -268,6 +271,13 @@ def _with_tls_in_force(subscription: Subscription, settings: HeraldSettings | No
     """The subscription with the TLS settings it delivers with: its own over herald.yaml's, paths absolute."""
     tls = effective_tls(subscription.tls, settings.delivery.tls if settings is not None else None, conf_dir)
     return subscription if tls == subscription.tls else subscription.model_copy(update={"tls": tls})
+
+
+def _providers_with_tls_in_force(settings: HeraldSettings, conf_dir: Path) -> HeraldSettings:
+    """The settings with each OAuth provider's TLS settings in force: its own over delivery.tls, paths absolute."""
+    providers = [provider.model_copy(update={"tls": effective_tls(provider.tls, settings.delivery.tls, conf_dir)})
+                 for provider in settings.oauthProviders]
+    return settings.model_copy(update={"oauthProviders": providers}) if providers else settings
 
 
 def conf_fingerprint(conf_dir: Path | str) -> tuple:

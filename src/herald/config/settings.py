@@ -154,7 +154,9 @@ class MetricsSettings(Strict):
 
 
 class OAuthProvider(Strict):
-    """An OAuth 2 token issuer (seeds/001 "OAuth"); delays and timeouts in milliseconds, secrets never shown."""
+    """An OAuth 2 token issuer (seeds/001 "OAuth"); delays and timeouts in milliseconds, secrets never shown.
+    tls: the HTTPS settings of its token requests, over delivery.tls key by key (the token endpoint is another
+    server than the subscribers: it may need another CA or client certificate)."""
 
     name: str
     tokenEndpoint: str
@@ -164,6 +166,8 @@ class OAuthProvider(Strict):
     tokenRequestMaxDelay: Annotated[int, Field(ge=0, le=3_600_000)] = 30000
     requestTimeout: Annotated[int, Field(ge=100, le=300_000)] = 1000
     socketTimeout: Annotated[int, Field(ge=0, le=300_000)] = 500
+    tls: Tls | None = None  # once loaded (`load_config`), the settings in force: its own over delivery.tls, paths
+    # absolute (`herald.config.tls`)
 
     @field_validator("tokenEndpoint")
     @classmethod
@@ -182,7 +186,8 @@ class OAuthProvider(Strict):
             client_secret=self.clientSecret.get_secret_value(), grant_type=policy.grantType, scope=policy.scope,
             username=policy.username, password=policy.password.get_secret_value() if policy.password else None,
             initial_delay_s=self.tokenRequestInitialDelay / 1000, max_delay_s=self.tokenRequestMaxDelay / 1000,
-            request_timeout_s=self.requestTimeout / 1000, socket_timeout_s=self.socketTimeout / 1000)
+            request_timeout_s=self.requestTimeout / 1000, socket_timeout_s=self.socketTimeout / 1000,
+            tls=self.tls.settings() if self.tls is not None else None)  # in force: load_config merged it
 
 
 class AdvisoriesSettings(OnDiscard):

@@ -65,6 +65,11 @@ class Tls(BaseModel):
         return self.model_copy(update={name: str((conf_dir / getattr(self, name)).resolve())
                                        for name in _PATHS if getattr(self, name) is not None})
 
+    def shown(self) -> dict[str, str]:
+        """The settings as a command shows them: the keys that are set, the passphrase as ******."""
+        shown = self.model_dump(exclude_none=True, exclude={"clientKeyPassword"})
+        return {**shown, "clientKeyPassword": "******"} if self.clientKeyPassword is not None else shown
+
     def settings(self) -> TlsSettings:
         """What the tasks get (paths as they are here: resolve them first)."""
         password = self.clientKeyPassword

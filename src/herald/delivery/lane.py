@@ -36,7 +36,7 @@ from herald.delivery.flow import FlowController, RateCap
 from herald.delivery.message import Record
 from herald.delivery.oauth import TOKENS, TokenCache, TokenError, Wait
 from herald.delivery.pin import PinWatch
-from herald.delivery.outcome import FailureKind, TransportFailure, Verdict, classify
+from herald.delivery.outcome import TransportFailure, Verdict, classify
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
 from herald.delivery.report import DISCARDED, FAILED, FILTERED, INFLIGHT, SUCCESS, Carried, LaneReport, Parked
@@ -211,7 +211,7 @@ class Lane:
                     heapq.heappop(self._waiting)
                     self._begin(unit)
                     unit.attempts += 1
-                    self.answer(unit, at, TransportFailure(FailureKind.CONNECTION, str(error)), now)
+                    self.answer(unit, at, TransportFailure(error.kind, str(error)), now)
                     continue
             permit_wait_s = self.cap.try_acquire(at)
             if permit_wait_s > 0:

@@ -11,7 +11,12 @@ password grants against a provider's token endpoint, tokens cached per executor 
   goes back to the start after a 2xx from the subscriber (`delivered`). An attempt that needs a token while the
   delay runs waits for it (it is not counted as an attempt).
 - A token request that fails raises `TokenError`: the attempt fails as an ordinary retryable error (counting
-  against messageTtl) with a reason naming the provider.
+  against messageTtl) with a reason naming the provider; a failed TLS handshake with the token endpoint is a TLS
+  failure whose reason says what was wrong, in the words of HTTPS delivery ("...: TLS: certificate verify
+  failed: ...").
+- Token requests verify the token endpoint's certificate against the provider's `tls` settings in force (its
+  own over herald.yaml's delivery.tls: a CA bundle, a client certificate shown when the endpoint asks for one;
+  `herald.config.tls`), or certifi's CAs without them.
 
 The password grant makes one request carrying both the client's and the resource owner's credentials (RFC 6749
 §4.3, client authenticated with HTTP Basic), as Hermes does. Secrets and tokens are never logged or shown.
@@ -24,6 +29,9 @@ import threading
 from dataclasses import dataclass, field
 
 import requests
+
+from herald.delivery.outcome import FailureKind
+from herald.delivery.tls import TlsSettings
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class TokenSource:
     max_delay_s: float = 30.0
     request_timeout_s: float = 1.0
     socket_timeout_s: float = 0.5
+    tls: TlsSettings | None = None  # its repr masks the key's passphrase
 
     @property
     def key(self) -> tuple:
@@ -58,7 +67,12 @@ class TokenSource:
 
 
 class TokenError(Exception):
-    """A token could not be had from the provider (the reason never holds a secret)."""
+    """A token could not be had from the provider (the reason never holds a secret); `kind` is the failure the
+    attempt that needed it counts as."""
+
+    def __init__(self, reason: str, kind: FailureKind = FailureKind.CONNECTION) -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
 class Wait(Exception):
@@ -78,12 +92,22 @@ class _State:
 
 def _fetch(source: TokenSource) -> str:
     """One token request; raises TokenError."""
+    from herald.delivery.transport.threaded import tls_failure_of, tls_session
+
+    session, tls = tls_session(source.tls)
     try:
-        answer = requests.post(source.token_endpoint, data=source.form(), auth=(source.client_id, source.client_secret),
-                               headers={"Accept": "application/json"},
-                               timeout=(source.request_timeout_s, source.socket_timeout_s or source.request_timeout_s))
+        answer = session.post(source.token_endpoint, data=source.form(), auth=(source.client_id, source.client_secret),
+                              headers={"Accept": "application/json"},
+                              timeout=(source.request_timeout_s, source.socket_timeout_s or source.request_timeout_s),
+                              **tls)
     except requests.RequestException as error:
+        handshake = tls_failure_of(error)
+        if handshake is not None:
+            raise TokenError(f"OAuth token request to provider {source.provider} failed: {handshake.detail}",
+                             FailureKind.TLS) from None
         raise TokenError(f"OAuth token request to provider {source.provider} failed: {type(error).__name__}") from None
+    finally:
+        session.close()
     if answer.status_code != 200:
         raise TokenError(f"OAuth token request to provider {source.provider} failed with status code:"
                          f"{answer.status_code}")

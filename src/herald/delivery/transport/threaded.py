@@ -34,7 +34,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from herald import __version__
-from herald.delivery.outcome import TransportFailure
+from herald.delivery.outcome import FailureKind, TransportFailure
 from herald.delivery.transport import (
     MAX_ANSWER_BODY_BYTES,
     HttpAnswer,
@@ -160,6 +160,23 @@ class _Adapter(HTTPAdapter):
         if cert is not None and self.key_password is not None:
             pool_kwargs["key_password"] = self.key_password
         return host_params, pool_kwargs
+
+
+def tls_session(tls: TlsSettings | None) -> tuple[requests.Session, dict]:
+    """A requests Session for a one-off request (an OAuth token request) with `tls`, and the keywords to pass to
+    its request: `verify=` and `cert=` given per request, so that REQUESTS_CA_BUNDLE in the environment does not
+    replace a configured caBundle; the key's passphrase through `_Adapter`. Close the session after use."""
+    session = requests.Session()
+    adapter = _Adapter(max_retries=0)
+    adapter.key_password = tls.client_key_password if tls is not None else None
+    session.mount("https://", adapter)
+    return session, {"verify": _verify(tls), "cert": _cert(tls)}
+
+
+def tls_failure_of(error: BaseException) -> TransportFailure | None:
+    """The `tls_failure` an error of requests was caused by (a failed handshake), or None."""
+    failure = _failure(error)
+    return failure if failure.kind is FailureKind.TLS else None
 
 
 def _verify(tls: TlsSettings | None) -> str | bool:
