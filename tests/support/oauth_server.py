@@ -2,7 +2,9 @@
 implementation of RFC 6749's client-credentials and password grants), and a token check for subscribers.
 
     with TokenEndpoint(clients={"herald": "secret"}, users={"ann": "pw"}) as issuer:
-        issuer.url             # http://127.0.0.1:<port>/token
+        issuer.url             # http://127.0.0.1:<port>/token (https://... with `tls`, a server-side SSLContext)
+        issuer.client_cns      # the client certificate's common name per token request (None: none shown)
+        issuer.tls_errors      # the handshakes that failed (their text), with `tls`
         issuer.requests        # (monotonic time, grant_type, username, scope) per token issued
         issuer.arrivals        # monotonic time each token request arrived (issued or refused)
         issuer.valid(token)    # issued and not revoked
@@ -13,11 +15,14 @@ from __future__ import annotations
 
 import base64
 import secrets
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from oauthlib.oauth2 import BackendApplicationServer, LegacyApplicationServer, RequestValidator
+
+from tests.support.subscriber import _client_cn, _TlsServer
 
 
 class _Validator(RequestValidator):
@@ -64,7 +69,8 @@ class _Validator(RequestValidator):
 
 
 class TokenEndpoint:
-    def __init__(self, clients: dict[str, str], users: dict[str, str] | None = None) -> None:
+    def __init__(self, clients: dict[str, str], users: dict[str, str] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.clients, self.users = clients, users or {}
         self.lock = threading.Lock()
         self.issued: dict[str, str] = {}  # token -> who it was issued to
@@ -72,6 +78,8 @@ class TokenEndpoint:
         self.requests: list[tuple[float, str, str | None, str]] = []
         self.refused = 0  # token requests answered with an error
         self.arrivals: list[float] = []  # monotonic time each token request arrived
+        self.client_cns: list[str | None] = []
+        self.tls_errors: list[str] = []
         validator = _Validator(self)
         generator = lambda request: secrets.token_hex(8)  # noqa: E731
         servers = {"client_credentials": BackendApplicationServer(validator, token_generator=generator),
@@ -85,6 +93,7 @@ class TokenEndpoint:
                 grant = dict(pair.split("=", 1) for pair in body.split("&") if "=" in pair).get("grant_type", "")
                 server = servers.get(grant, servers["client_credentials"])
                 endpoint.arrivals.append(arrived)
+                endpoint.client_cns.append(_client_cn(self.connection))
                 headers, answer, status = server.create_token_response(
                     f"http://127.0.0.1:{self.server.server_port}/token", "POST", body, dict(self.headers))
                 if status != 200:
@@ -101,8 +110,11 @@ class TokenEndpoint:
             def log_message(self, *args):
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_port}/token"
+        self._server = (_TlsServer if tls is not None else ThreadingHTTPServer)(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self._server.tls, self._server.tls_errors = tls, self.tls_errors
+        self._server.daemon_threads = True
+        self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self._server.server_port}/token"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def valid(self, token: str | None) -> bool:
