@@ -4,8 +4,10 @@
 
 On a cluster, Herald must be importable on the driver and the executors: install its wheel (`make dist`) with
 its dependencies, or install the dependencies and ship the wheel with `--py-files dist/herald-*.whl`. Spark's
-kafka connector and Delta jars are used when they are on the classpath (`--packages`). The first line on
-stderr says which Herald runs and where it was loaded from.
+kafka connector and Delta jars are used when they are on the classpath (`--packages`, or `--jars` with the files
+`herald jars fetch` caches); Herald then adds Delta's SQL extension and catalog to the session (`herald.session`).
+The first line on stderr says which Herald runs and where it was loaded from; the first log lines which Kafka
+source and table engine `auto` picked.
 """
 
 import sys
