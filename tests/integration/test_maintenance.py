@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import time
 from pathlib import Path
 
 from herald.cli import main
@@ -12,7 +14,8 @@ from herald.engine.rounds import position_rows
 from herald.storage import DeltaRsStore
 from herald.storage.maintenance import PeriodicMaintenance, maintain_tables
 from herald.storage.store import Slice
-from herald.storage.tables import OFFSETS
+from herald.storage.properties import table_properties
+from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
 from tests.support.herald_env import write_conf
 
 NOW = dt.datetime(2026, 11, 24, tzinfo=dt.timezone.utc)
@@ -67,3 +70,35 @@ def test_a_running_job_maintains_on_its_interval(tmp_path):
     finally:
         maintenance.stop()
     assert data_files(tmp_path) == 1
+
+
+def _log(root: Path) -> list[str]:
+    return sorted(os.listdir(root / "tables" / OFFSETS / "_delta_log"))
+
+
+def test_a_new_table_has_herald_properties_and_an_old_one_gets_them(tmp_path):
+    from deltalake import DeltaTable
+
+    rounds(DeltaRsStore(str(tmp_path / "new"), retention_hours=48), 1)
+    assert DeltaTable(str(tmp_path / "new" / "tables" / OFFSETS)).metadata().configuration == \
+        table_properties(OFFSETS, 48)
+    old = tmp_path / "old" / "tables" / OFFSETS
+    DeltaTable.create(str(old), OFFSETS_SCHEMA)  # as an older Herald created it
+    rounds(DeltaRsStore(str(tmp_path / "old")), 1)
+    configuration = DeltaTable(str(old)).metadata().configuration
+    assert configuration["delta.logRetentionDuration"] == "interval 168 hours"
+    assert configuration["delta.checkpointInterval"] == "500"
+    assert configuration["delta.dataSkippingStatsColumns"] == "subscription,writer,batch_id"
+
+
+def test_maintain_writes_a_checkpoint_and_deletes_the_expired_log(tmp_path):
+    store = DeltaRsStore(str(tmp_path), retention_hours=1)
+    rounds(store, 6)
+    hours_ago = time.time() - 3 * 3600
+    for name in _log(tmp_path):  # commits older than the 1-hour log retention
+        os.utime(tmp_path / "tables" / OFFSETS / "_delta_log" / name, (hours_ago, hours_ago))
+    (upkeep,) = [u for u in maintain_tables(store, retention_hours=1) if u.table == OFFSETS]
+    assert upkeep.log_files_before == 7 and upkeep.log_files_after == 3
+    assert _log(tmp_path) == ["00000000000000000007.checkpoint.parquet", "00000000000000000007.json",
+                              "_last_checkpoint"]
+    assert store.read(OFFSETS).num_rows == 6 * 4

@@ -87,7 +87,8 @@ def cmd_retransmit(args) -> int:
         print(f"{args.id}: {error}", file=sys.stderr)
         return 2
     kafka_topic = config.topic_of(subscription).kafka_topic
-    store = DeltaRsStore(config.storage_path, config.settings.storage.options or None)
+    store = DeltaRsStore(config.storage_path, config.settings.storage.options or None,
+                         config.settings.storage.maintenanceRetentionHours)
     try:
         current, move = retransmit(store, config.settings.kafka.client_config(), subscription.id, kafka_topic, date,
                                    dry_run=args.dry_run)
@@ -119,11 +120,13 @@ def cmd_maintain(args) -> int:
     config = load_herald_yaml(args.conf)
     settings = config.settings.storage
     hours = args.retention_hours if args.retention_hours is not None else settings.maintenanceRetentionHours
-    results = maintain_tables(DeltaRsStore(config.storage_path, settings.options or None), hours)
+    store = DeltaRsStore(config.storage_path, settings.options or None, settings.maintenanceRetentionHours)
+    results = maintain_tables(store, hours)
     if args.json:
         print_json([asdict(result) for result in results])
         return 0
     for result in results:
         print(f"{result.table:>12}  {result.files_before} file(s) -> {result.files_after}: {result.files_removed} "
-              f"compacted into {result.files_added}, {result.files_deleted} deleted (older than {hours:g} h)")
+              f"compacted into {result.files_added}, {result.files_deleted} deleted (older than {hours:g} h); "
+              f"log {result.log_files_before} file(s) -> {result.log_files_after}")
     return 0

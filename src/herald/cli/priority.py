@@ -18,7 +18,8 @@ from herald.cli.output import iso, print_json
 def _store(config):
     from herald.storage import DeltaRsStore
 
-    return DeltaRsStore(config.storage_path, config.settings.storage.options or None)
+    return DeltaRsStore(config.storage_path, config.settings.storage.options or None,
+                        config.settings.storage.maintenanceRetentionHours)
 
 
 def _pinned_subscription(args):

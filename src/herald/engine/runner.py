@@ -71,7 +71,8 @@ class Runner:
         if self.spark is None:
             self.spark = get_or_create_session(settings.spark.master, settings.spark.conf, app_name="herald")
         connector = choose_connector(self.spark, settings.kafka.connector)
-        store = open_store(settings.storage.engine, self.config.storage_path, self.spark, settings.storage.options)
+        store = open_store(settings.storage.engine, self.config.storage_path, self.spark, settings.storage.options,
+                           settings.storage.maintenanceRetentionHours)
         self.lease = StorageLease(store, on_lost=self._lease_lost)
         self.lease.acquire()  # raises LeaseHeld: another job delivers from this storage path
         self.lease.start()

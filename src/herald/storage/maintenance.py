@@ -1,9 +1,10 @@
-"""Table upkeep: compact small files and delete unreferenced ones, on demand (`herald maintain`) or every
-`storage.maintenanceIntervalHours` in a running job.
+"""Table upkeep: compact small files, delete unreferenced ones and clean the commit log up, on demand (`herald
+maintain`) or every `storage.maintenanceIntervalHours` in a running job.
 
 Every round writes a few small files (a slice per table), so a job that runs for a day leaves tens of
 thousands of them; compaction rewrites them into a few and vacuum deletes those no version younger than the
-retention needs. Both run beside the writers: delta-rs and Delta commit them with conflict checks, and a
+retention needs; a checkpoint then lets the log entries older than the tables' log retention go
+(`herald.storage.properties`). All run beside the writers: delta-rs and Delta commit them with conflict checks, and a
 pass that loses a race is simply tried again next time.
 """
 
@@ -12,13 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 
-from herald.storage.store import TableStore, TableUpkeep
+from herald.storage.store import DEFAULT_RETENTION_HOURS, TableStore, TableUpkeep
 from herald.storage.tables import SCHEMAS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RETENTION_HOURS = 168.0
-"""Delta's own default: a reader may still time-travel a week back."""
+__all__ = ["DEFAULT_RETENTION_HOURS", "PeriodicMaintenance", "maintain_tables"]
 
 
 def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS) -> list[TableUpkeep]:
@@ -53,5 +53,6 @@ class PeriodicMaintenance:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             for upkeep in maintain_tables(self.store, self.retention_hours):
-                log.info("table %s: %d file(s) compacted into %d, %d deleted", upkeep.table, upkeep.files_removed,
-                         upkeep.files_added, upkeep.files_deleted)
+                log.info("table %s: %d file(s) compacted into %d, %d deleted; log %s file(s) -> %s", upkeep.table,
+                         upkeep.files_removed, upkeep.files_added, upkeep.files_deleted, upkeep.log_files_before,
+                         upkeep.log_files_after)

@@ -8,6 +8,7 @@ Both back-ends do the same: delta-rs with `predicate` overwrite, delta-spark wit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from herald.storage.properties import missing_properties, table_properties
 from herald.storage.tables import SCHEMAS
 
 log = logging.getLogger(__name__)
@@ -55,11 +57,21 @@ def table_root(storage_path: str) -> str:
     return f"{storage_path.rstrip('/')}/tables"
 
 
-class TableStore(ABC):
-    """Herald's tables under `<storage path>/tables/<name>`."""
+DEFAULT_RETENTION_HOURS = 168.0
+"""storage.maintenanceRetentionHours' default: a week of time travel (Delta's own default for files)."""
+COMPACT_TARGET_BYTES = 16 * 1024 * 1024
+"""Compaction writes files up to this size, and leaves files this large alone. Engines default to 100 MB
+(delta-rs) or 1 GB (delta-spark): each pass would rewrite a Herald table whole until it reached that, and every
+rewritten copy stays the retention long (168 h of 6-hourly passes: 28 copies of the table)."""
 
-    def __init__(self, storage_path: str) -> None:
+
+class TableStore(ABC):
+    """Herald's tables under `<storage path>/tables/<name>`. retention_hours: storage.maintenanceRetentionHours,
+    which the tables' log and deleted-file retentions follow (`herald.storage.properties`)."""
+
+    def __init__(self, storage_path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> None:
         self.root = table_root(storage_path)
+        self.retention_hours = retention_hours
 
     def path(self, table: str) -> str:
         return f"{self.root}/{table}"
@@ -88,13 +100,15 @@ class TableStore(ABC):
 
     @abstractmethod
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
-        """Compact `table`'s small files and delete the files no version younger than `retention_hours` needs."""
+        """Compact `table`'s small files, delete the files no version younger than `retention_hours` needs, write
+        a checkpoint and delete the log entries older than the table's log retention."""
 
 
 @dataclass(frozen=True)
 class TableUpkeep:
-    """What one maintenance pass did to a table: files compacted away and written, files deleted, and the
-    table's data files before and after (None where the engine does not say)."""
+    """What one maintenance pass did to a table: files compacted away and written, files deleted, the
+    table's data files before and after, and its `_delta_log` files (commits, checkpoints, checksums) before and
+    after (None where the engine does not say)."""
 
     table: str
     files_removed: int
@@ -102,6 +116,21 @@ class TableUpkeep:
     files_deleted: int
     files_before: int | None = None
     files_after: int | None = None
+    log_files_before: int | None = None
+    log_files_after: int | None = None
+
+
+def log_files(path: str) -> int | None:
+    """The number of files in a local table's `_delta_log` (None for a remote one: listing it costs requests)."""
+    import os
+
+    local = path[len("file://"):] if path.startswith("file://") else path
+    if "://" in local or local.startswith("dbfs:"):
+        return None
+    try:
+        return sum(1 for entry in os.scandir(os.path.join(local, "_delta_log")) if entry.is_file())
+    except FileNotFoundError:
+        return 0
 
 
 def _conform(table: str, rows: pa.Table) -> pa.Table:
@@ -119,8 +148,9 @@ class DeltaRsStore(TableStore):
     _lock = threading.Lock()
     _ready: set[str] = set()
 
-    def __init__(self, storage_path: str, storage_options: dict[str, str] | None = None) -> None:
-        super().__init__(storage_path)
+    def __init__(self, storage_path: str, storage_options: dict[str, str] | None = None,
+                 retention_hours: float = DEFAULT_RETENTION_HOURS) -> None:
+        super().__init__(storage_path, retention_hours)
         self._options = storage_options or None
 
     def storage_options(self) -> dict[str, str] | None:
@@ -134,14 +164,23 @@ class DeltaRsStore(TableStore):
             if path in self._ready:
                 return
             if not DeltaTable.is_deltatable(path, storage_options=self._options):
-                DeltaTable.create(path, SCHEMAS[table], mode="ignore", storage_options=self._options)
+                DeltaTable.create(path, SCHEMAS[table], mode="ignore", storage_options=self._options,
+                                  configuration=table_properties(table, self.retention_hours))
             current = DeltaTable(path, storage_options=self._options)
             known = {field.name for field in current.schema().fields}
             missing = [field for field in SCHEMAS[table] if field.name not in known]
             if missing:
                 log.info("%s: adding columns %s", table, ", ".join(field.name for field in missing))
                 current.alter.add_columns([Field.from_arrow(field) for field in missing])
+            self._upgrade(table, current)
             self._ready.add(path)
+
+    def _upgrade(self, table: str, current) -> None:
+        """Give a table created by an older Herald (or with another retention) Herald's properties: one commit."""
+        properties = missing_properties(table, self.retention_hours, dict(current.metadata().configuration))
+        if properties:
+            log.info("%s: setting table properties %s", table, properties)
+            current.alter.set_table_properties(properties, raise_if_not_exists=False)
 
     def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
         from deltalake import DeltaTable, write_deltalake
@@ -159,22 +198,29 @@ class DeltaRsStore(TableStore):
         commit()
 
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
-        """delta-rs `optimize.compact()` then `vacuum()`; the retention may be shorter than Delta's 7-day default
-        (nothing reads old versions of Herald's tables but time travel)."""
+        """delta-rs `optimize.compact()`, `vacuum()`, then a checkpoint and `cleanup_metadata()` (the log entries
+        older than the table's log retention; they need a checkpoint after them). The retention may be shorter
+        than Delta's 7-day default (nothing reads old versions of Herald's tables but time travel). A table still
+        without Herald's properties gets them first."""
         from deltalake import DeltaTable
 
         path = self.path(table)
         if not DeltaTable.is_deltatable(path, storage_options=self._options):
-            return TableUpkeep(table, 0, 0, 0, 0, 0)
+            return TableUpkeep(table, 0, 0, 0, 0, 0, 0, 0)
+        self._ensure(table)
+        logs_before = log_files(path)
         current = DeltaTable(path, storage_options=self._options)
         before = len(current.file_uris())
-        compacted = current.optimize.compact()
+        compacted = current.optimize.compact(target_size=COMPACT_TARGET_BYTES)
         current = DeltaTable(path, storage_options=self._options)
         deleted = current.vacuum(retention_hours=max(0, round(retention_hours)), dry_run=False,
                                  enforce_retention_duration=False)
+        current = DeltaTable(path, storage_options=self._options)
+        current.create_checkpoint()
         current.cleanup_metadata()
         return TableUpkeep(table, int(compacted.get("numFilesRemoved", 0)), int(compacted.get("numFilesAdded", 0)),
-                           len(deleted), before, len(DeltaTable(path, storage_options=self._options).file_uris()))
+                           len(deleted), before, len(DeltaTable(path, storage_options=self._options).file_uris()),
+                           logs_before, log_files(path))
 
     @staticmethod
     def read_table(path: str, table: str, subscription_id: str | None, options: dict[str, str] | None) -> pa.Table:
@@ -201,37 +247,78 @@ class DeltaRsStore(TableStore):
 
 
 class SparkDeltaStore(TableStore):
-    """delta-spark (`format("delta")`): for clusters where the Delta jars are on the classpath."""
+    """delta-spark (`format("delta")`): for clusters where the Delta jars are on the classpath. Tables are created
+    with Herald's properties (or given them) once per store and table; a round's rows are one small file."""
 
-    def __init__(self, spark, storage_path: str) -> None:
-        super().__init__(storage_path)
+    def __init__(self, spark, storage_path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> None:
+        super().__init__(storage_path, retention_hours)
         self.spark = spark
+        self._lock = threading.Lock()
+        self._ready: set[str] = set()
+
+    def _ensure(self, table: str) -> None:
+        from delta.tables import DeltaTable
+
+        path = self.path(table)
+        with self._lock:
+            if path in self._ready:
+                return
+            if not DeltaTable.isDeltaTable(self.spark, path):
+                builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
+                    self.spark.createDataFrame(SCHEMAS[table].empty_table()).schema)
+                for key, value in table_properties(table, self.retention_hours).items():
+                    builder = builder.property(key, value)
+                builder.execute()
+            else:
+                current = DeltaTable.forPath(self.spark, path).detail().first()["properties"] or {}
+                properties = missing_properties(table, self.retention_hours, dict(current))
+                if properties:
+                    log.info("%s: setting table properties %s", table, properties)
+                    settings = ", ".join(f"'{key}' = '{_sql_text(value)}'" for key, value in properties.items())
+                    self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+            self._ready.add(path)
 
     def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
-        frame = self.spark.createDataFrame(_conform(table, rows))
+        self._ensure(table)
+        frame = self.spark.createDataFrame(_conform(table, rows)).coalesce(1)  # one file, not one per core
         (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
          .option("mergeSchema", "true").save(self.path(table)))
 
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
-        """`OPTIMIZE` then `VACUUM ... RETAIN n HOURS` (with Delta's retention check off for this statement when
-        n is under its 168-hour default)."""
-        from pyspark.errors import AnalysisException
+        """`OPTIMIZE`, `VACUUM ... RETAIN n HOURS` (with Delta's retention check off for this statement when n is
+        under the table's deleted-file retention), then a checkpoint and the log cleanup delta-spark otherwise
+        does only when a commit writes a checkpoint."""
+        from delta.tables import DeltaTable
 
-        target = f"delta.`{self.path(table)}`"
-        try:
+        path = self.path(table)
+        target = f"delta.`{path}`"
+        logs_before = log_files(path)
+        if not DeltaTable.isDeltaTable(self.spark, path):  # no table yet
+            return TableUpkeep(table, 0, 0, 0, log_files_before=logs_before, log_files_after=logs_before)
+        self._ensure(table)
+        sizes = {f"spark.databricks.delta.optimize.{name}": str(COMPACT_TARGET_BYTES)
+                 for name in ("minFileSize", "maxFileSize")}
+        with _session_conf(self.spark, sizes):
             optimized = self.spark.sql(f"OPTIMIZE {target}").collect()
-        except AnalysisException:  # no table yet
-            return TableUpkeep(table, 0, 0, 0)
         metrics = optimized[0]["metrics"] if optimized else None
-        check = "spark.databricks.delta.retentionDurationCheck.enabled"
-        previous = self.spark.conf.get(check, "true")
-        self.spark.conf.set(check, "false")
-        try:
+        with _session_conf(self.spark, {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}):
             deleted = self.spark.sql(f"VACUUM {target} RETAIN {max(0, round(retention_hours))} HOURS").count()
-        finally:
-            self.spark.conf.set(check, previous)
+        self._checkpoint(path)
         return TableUpkeep(table, int(metrics["numFilesRemoved"]) if metrics else 0,
-                           int(metrics["numFilesAdded"]) if metrics else 0, deleted)
+                           int(metrics["numFilesAdded"]) if metrics else 0, deleted,
+                           log_files_before=logs_before, log_files_after=log_files(path))
+
+    def _checkpoint(self, path: str) -> None:
+        """A checkpoint of the current version, then the log entries older than the log retention deleted (Delta's
+        `DeltaLog.checkpoint` and `doLogCleanup`, through the JVM: there is no SQL for them)."""
+        try:
+            jvm = self.spark._jvm
+            delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
+            delta_log.checkpoint()
+            delta_log.doLogCleanup(delta_log.unsafeVolatileSnapshot(), jvm.scala.Option.empty())
+        except Exception:  # noqa: BLE001 - Delta internals, or Spark Connect: the next checkpoint cleans up
+            log.warning("%s: no checkpoint or log cleanup (delta-spark does both at its next checkpoint commit)",
+                        path, exc_info=True)
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         from pyspark.errors import AnalysisException
@@ -255,10 +342,27 @@ class SparkDeltaStore(TableStore):
         return self.spark.sql(query).drop("herald_rank").toArrow()
 
 
+@contextlib.contextmanager
+def _session_conf(spark, settings: dict[str, str]):
+    """Spark session settings for one statement, then back as they were."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
 
 
-def open_store(engine: str, storage_path: str, spark=None, storage_options: dict[str, str] | None = None) -> TableStore:
+def open_store(engine: str, storage_path: str, spark=None, storage_options: dict[str, str] | None = None,
+               retention_hours: float = DEFAULT_RETENTION_HOURS) -> TableStore:
     """The table store for `engine` ('auto' | 'spark' | 'deltalake'); 'auto' prefers delta-spark when it loads."""
     from herald.session import jvm_class_loads
 
@@ -270,6 +374,6 @@ def open_store(engine: str, storage_path: str, spark=None, storage_options: dict
                            "(add io.delta:delta-spark to spark.jars.packages, or use engine 'auto')")
     if engine == "spark" or (engine == "auto" and has_delta_spark):
         log.info("tables: delta-spark at %s", table_root(storage_path))
-        return SparkDeltaStore(spark, storage_path)
+        return SparkDeltaStore(spark, storage_path, retention_hours)
     log.info("tables: delta-rs (deltalake) at %s", table_root(storage_path))
-    return DeltaRsStore(storage_path, storage_options)
+    return DeltaRsStore(storage_path, storage_options, retention_hours)

@@ -1,0 +1,52 @@
+"""delta-spark tables keep small as delta-rs ones do: Herald's table properties on a new table and on one an
+older Herald created, and `maintain` writes a checkpoint (delta-spark only does at its 100th commit). Few
+commits: each costs seconds on 2 cores."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import pytest
+from deltalake import DeltaTable
+
+from herald.engine.rounds import position_rows
+from herald.storage.properties import table_properties
+from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore
+from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
+from tests.support.herald_env import require_jars
+
+pytestmark = pytest.mark.spark
+
+NOW = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+
+
+def _round(store: SparkDeltaStore, batch_id: int) -> None:
+    store.replace(OFFSETS, position_rows("g.t.s", "g.t", {0: batch_id, 1: batch_id}, "stream:q", batch_id, NOW),
+                  Slice("stream:q", batch_id))
+
+
+def test_a_new_delta_spark_table_has_herald_properties_and_maintain_checkpoints_it(spark, tmp_path):
+    require_jars(spark, DELTA_SPARK_CLASS)
+    store = SparkDeltaStore(spark, str(tmp_path), retention_hours=48)
+    _round(store, 0)
+    path = store.path(OFFSETS)
+    configuration = DeltaTable(path).metadata().configuration
+    assert {key: configuration.get(key) for key in table_properties(OFFSETS, 48)} == table_properties(OFFSETS, 48)
+    assert len(DeltaTable(path).file_uris()) == 1, "a round's rows are one file"
+
+    upkeep = store.maintain(OFFSETS, 48)
+    assert any(name.endswith(".checkpoint.parquet") for name in os.listdir(os.path.join(path, "_delta_log")))
+    assert upkeep.log_files_after is not None and upkeep.log_files_before is not None
+    assert store.read(OFFSETS).num_rows == 2
+
+
+def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(spark, tmp_path):
+    require_jars(spark, DELTA_SPARK_CLASS)
+    path = tmp_path / "tables" / OFFSETS
+    DeltaTable.create(str(path), OFFSETS_SCHEMA)
+    _round(SparkDeltaStore(spark, str(tmp_path)), 0)
+    configuration = DeltaTable(str(path)).metadata().configuration
+    assert configuration["delta.logRetentionDuration"] == "interval 168 hours"
+    assert configuration["delta.deletedFileRetentionDuration"] == "interval 168 hours"
+    assert configuration["delta.checkpointInterval"] == "500"
