@@ -53,7 +53,8 @@ def write_topics_conf(root: Path, bootstrap_servers: str, topics: dict[str, dict
     (conf / "subscriptions").mkdir(exist_ok=True)
     herald = {
         "kafka": {"bootstrapServers": bootstrap_servers, "connector": SUITE_CONNECTOR, "cluster": "test"},
-        "storage": {"path": str(root / "storage"), "engine": SUITE_ENGINE},
+        # rounds written as they end (the default gathers them for 10 s): tests read the tables while jobs run
+        "storage": {"path": str(root / "storage"), "engine": SUITE_ENGINE, "commitIntervalMs": 0},
         "streaming": {"triggerInterval": "200 milliseconds", "maxOffsetsPerTrigger": 1000, "configPollMs": 500},
         "rateControl": {"adjustIntervalMs": 500, "slowRate": 20, "heartbeatIntervalMs": 2000},
     }

@@ -132,3 +132,41 @@ def test_rounds_waiting_for_the_writer_are_written_together_one_commit_per_table
         if table == "offsets":
             earlier = {n for name, other in store.written[:index] if name == "retries" for n in rounds(other)}
             assert set(rounds(part)) <= earlier, "a round's positions only after its retries rows"
+
+
+def test_with_a_commit_interval_rounds_gather_into_one_commit_per_table():
+    store = FlakyStore()
+    writer = TableWriter(store, min_interval_s=0.6)
+    assert writer.submit(*_round(0))  # the first write starts at once
+    deadline = time.monotonic() + 5
+    while len(store.written) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    for n in range(1, 4):
+        assert writer.submit(*_round(n))
+        time.sleep(0.05)
+    while len(store.written) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waited = time.monotonic() - started
+    assert len(store.written) == 4, "rounds 1-3: one commit per table"
+    assert [part.batch_id for part in store.written[2][1].parts] == [1, 2, 3]
+    assert waited >= 0.4, "they waited for the interval"
+    assert writer.close()
+
+
+def test_a_flush_or_a_half_full_queue_ends_the_gathering_at_once():
+    store = FlakyStore()
+    writer = TableWriter(store, max_pending=4, min_interval_s=60)
+    writer.submit(*_round(0))
+    started = time.monotonic()
+    assert writer.flush(5), "a flush does not wait for the interval"
+    writer.submit(*_round(1))
+    writer.submit(*_round(2))  # half of max_pending: written without waiting for the interval
+    deadline = time.monotonic() + 5
+    while len(_flat(store.written)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _flat(store.written)[-2:] == [("offsets", 1), ("offsets", 2)]
+    assert time.monotonic() - started < 5
+    writer.submit(*_round(3))
+    assert writer.close(5), "a close writes what gathers"
+    assert _flat(store.written)[-1] == ("offsets", 3)

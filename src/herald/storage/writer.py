@@ -9,7 +9,12 @@ it succeeds or the writer is closed.
 Rounds waiting when the writer gets to them are written together: one commit per table for all of them
 (`Slices`), tables in one order for every round (`TABLE_ORDER`: positions after the records they depend on, a
 retransmission's record after its positions). A slow store (delta-spark takes about a second a commit) then
-costs a commit per table per batch of rounds, not per round.
+costs a commit per table per batch of rounds, not per round. With `min_interval_s` (`storage.commitIntervalMs`)
+the writer also waits that long after a write began before the next one, so that rounds gather: a job with a
+round a second then commits to each table every 10 s, not every second (each commit is a file, a log entry and,
+in every checkpoint until the retention ends, a tombstone). Positions are then written up to that much later:
+a crash delivers those seconds again (at least once), as Hermes' periodic offset commits do. A flush, a close, a
+stop or a queue half full writes at once.
 
 The queue is bounded (`max_pending` rounds): while storage is down or slow, `submit` waits, and so does the
 round that submits (delivery pauses, with a log line, rather than piling rounds up in the driver's memory).
@@ -53,9 +58,12 @@ class TableWriter:
     """pending: rounds submitted and not written yet; waited_s: seconds submitters waited for room (both for
     metrics); abandoned: rounds given up (their messages are delivered again by the next run)."""
 
-    def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS) -> None:
+    def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS, min_interval_s: float = 0.0) -> None:
         self.store = store
         self.max_pending = max(1, max_pending)
+        self.min_interval_s = max(0.0, min_interval_s)
+        self._last_write = float("-inf")  # monotonic s when the last write began
+        self._flushing = 0  # callers of `flush` waiting: gather nothing more
         self._queue: queue.Queue[SliceWrite | None] = queue.Queue()
         self._idle = threading.Condition()
         self._unwritten = 0
@@ -91,6 +99,8 @@ class TableWriter:
                           "run", part, "closed" if self._closing.is_set() else "stopped at an earlier round")
                 return False
             self._unwritten += 1
+            if self._unwritten >= self._enough:
+                self._idle.notify_all()  # the writer stops gathering
         if warned:
             log.info("storage caught up: delivery goes on after %.1f s", waited)
         self._queue.put(SliceWrite(part, tuple(tables)))
@@ -114,12 +124,32 @@ class TableWriter:
         """Wait until everything submitted is written or given up; False when `timeout_s` seconds passed first."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._idle:
-            while self._unwritten:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
+            self._flushing += 1
+            self._idle.notify_all()
+            try:
+                while self._unwritten:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._idle.wait(remaining)
+            finally:
+                self._flushing -= 1
         return True
+
+    @property
+    def _enough(self) -> int:
+        """Rounds that end a gathering: half the queue, so that gathering never makes `submit` wait."""
+        return max(1, self.max_pending // 2)
+
+    def _gather(self) -> None:
+        """Wait until `min_interval_s` after the last write began, unless the writer must hurry."""
+        with self._idle:
+            while not (self._closing.is_set() or self._given_up or self._flushing or self._wait_until is not None
+                       or self._unwritten >= self._enough):
+                remaining = self._last_write + self.min_interval_s - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._idle.wait(remaining)
 
     @property
     def pending(self) -> int:
@@ -146,6 +176,9 @@ class TableWriter:
             carried, last = None, False
             if first is None:
                 return
+            if self.min_interval_s:
+                self._gather()
+            self._last_write = time.monotonic()
             batch = [first]
             while len(batch) < MAX_MERGED_ROUNDS:
                 try:
