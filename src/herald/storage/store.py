@@ -121,14 +121,16 @@ class TableUpkeep:
 
 
 def log_files(path: str) -> int | None:
-    """The number of files in a local table's `_delta_log` (None for a remote one: listing it costs requests)."""
+    """The number of files in a local table's `_delta_log` (None for a remote one: listing it costs requests),
+    without Hadoop's hidden `.name.crc` side files."""
     import os
 
     local = path[len("file://"):] if path.startswith("file://") else path
     if "://" in local or local.startswith("dbfs:"):
         return None
     try:
-        return sum(1 for entry in os.scandir(os.path.join(local, "_delta_log")) if entry.is_file())
+        return sum(1 for entry in os.scandir(os.path.join(local, "_delta_log"))
+                   if entry.is_file() and not entry.name.startswith("."))
     except FileNotFoundError:
         return 0
 
