@@ -51,7 +51,7 @@ class StorageSettings(Strict):
     path: str
     engine: Literal["auto", "spark", "deltalake"] = "auto"
     options: dict[str, str] = Field(default_factory=dict)  # object-store options for deltalake; never logged
-    maintenanceIntervalHours: Annotated[float, Field(gt=0, le=8760)] | None = None
+    maintenanceIntervalHours: Annotated[float, Field(gt=0, le=8760)] | None = 6
     maintenanceRetentionHours: Annotated[float, Field(ge=0, le=87600)] = 168
     commitIntervalMs: Annotated[int, Field(ge=0, le=60_000)] = 10_000
 
