@@ -36,6 +36,10 @@ _LOCAL_DEFAULTS = {
     # One projection evaluates every subscription's filter: with tens of subscriptions its generated method
     # passes the JVM's 8000-byte JIT limit and would run interpreted; past this size Spark splits it instead.
     "spark.sql.codegen.hugeMethodLimit": "8000",
+    # delta-spark rebuilds a table's state from its log in this many tasks at every commit (default 50): Herald's
+    # tables are small, and on 2 local cores 50 tasks made a commit 2.4x slower once warm and the first commits
+    # 10x slower (tests/benchmarks/README.md, "delta-spark commits").
+    "spark.databricks.delta.snapshotPartitions": "2",
 }
 
 
