@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
+# Two workers, a test file each at a time (its module fixtures stay in one process); the slowest tests listed.
 test: install
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile --durations=20
 
 unit: install
 	$(BIN)/python -m pytest -q tests/unit
