@@ -170,3 +170,40 @@ def test_a_flush_or_a_half_full_queue_ends_the_gathering_at_once():
     writer.submit(*_round(3))
     assert writer.close(5), "a close writes what gathers"
     assert _flat(store.written)[-1] == ("offsets", 3)
+
+
+def test_a_slice_handed_over_and_gathering_is_held_until_it_is_written():
+    """A query restarted within the commit interval asks `holds` before reading the offsets table: the round it
+    replays is still gathering, so it must count as recorded (its replay would replace the round's rows)."""
+    store = FlakyStore()
+    writer = TableWriter(store, min_interval_s=30.0)
+    assert writer.submit(*_round(0))  # written at once: the gathering starts
+    deadline = time.monotonic() + 5
+    while writer.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    part, tables = _round(1)
+    assert writer.submit(part, tables)
+    time.sleep(0.2)
+    assert ("offsets", part) not in store.written and writer.holds(part)  # gathering: not in the table yet
+    assert writer.flush(5.0)
+    assert not writer.holds(part) and ("offsets", 1) in _flat(store.written)
+    assert writer.close()
+
+
+def test_a_hurried_round_ends_the_gathering():
+    """Where a new `latest` subscription starts is written without waiting for the commit interval."""
+    store = FlakyStore()
+    writer = TableWriter(store, min_interval_s=30.0)
+    assert writer.submit(*_round(0))
+    deadline = time.monotonic() + 5
+    while writer.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.submit(*_round(1))
+    time.sleep(0.2)
+    assert writer.pending == 1  # gathering
+    assert writer.submit(*_round(2), hurry=True)
+    deadline = time.monotonic() + 5
+    while writer.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.pending == 0 and [b for t, b in _flat(store.written) if t == "offsets"] == [0, 1, 2]
+    assert writer.close()

@@ -278,7 +278,7 @@ class Runner:
                                       and not self.context.discovery.holds(state.id)):  # no endpoint: next run
                         return False
         return (self.retries.tried_since(self._started_ms, int(deadline_s * 1000))
-                and self.context.writer.pending == 0)
+                and self.context.writer.flush(1.0))  # everything else is done: write now, not at the interval
 
     def shutdown(self, grace_s: float = 30.0) -> None:
         deadline = time.monotonic() + grace_s

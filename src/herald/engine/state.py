@@ -144,7 +144,8 @@ class StateBook:
                 positions = {partition: high for partition, (_, high) in marks.items()}
             writer = f"start:{subscription.id}"
             self.writer.submit(Slice(writer, START_BATCH_ID), [(OFFSETS, position_rows(
-                subscription.id, kafka_topic, positions, writer, START_BATCH_ID, dt.datetime.now(dt.timezone.utc)))])
+                subscription.id, kafka_topic, positions, writer, START_BATCH_ID, dt.datetime.now(dt.timezone.utc)))],
+                hurry=True)  # not gathered: a crash before it is written would start it at a later `latest`
             self._stored[(subscription.id, kafka_topic)] = dict(positions)
             log.info("%s starts in %s at the %s offsets %s", subscription.id, kafka_topic,
                      subscription.startingOffsets, positions)

@@ -242,12 +242,14 @@ class TopicPipeline:
                            for p in participants]
         finally:
             with self.lock:
+                stamp = stamp_ms()  # before `apply` applies moves: another thread may flush (stamp) them first
                 self.apply(participants, results)
                 self._set_frontier(ranges)
                 self.batch_in_progress = False
             steps.release_pins(context, participants, results)
         steps.record(context, RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
-                     time.monotonic() - started, possible_replay=self._replay_possible, park=self.retries.park)
+                     time.monotonic() - started, possible_replay=self._replay_possible, park=self.retries.park,
+                     stamp=stamp)
         self._replay_possible = False
         self.healthy = True
         self.flush_moves()
@@ -268,8 +270,12 @@ class TopicPipeline:
 
     def _recorded_before(self, batch_id: int) -> bool:
         """True when the offsets table holds this query's positions for micro-batch `batch_id` (written last of a
-        round's tables: the whole round was recorded)."""
+        round's tables: the whole round was recorded), or when this process handed that round to the table
+        writer and it is not written yet (a query restarted within storage.commitIntervalMs of the round: its
+        replay would deliver nothing, and its empty slice would replace the round's PARKED and undelivered rows)."""
         part = Slice(self._writer, batch_id)
+        if self.context.writer.holds(part):  # asked first: once it says False, the commit is visible
+            return True
         return self.context.store.sql(OFFSETS, f"SELECT * FROM {OFFSETS} WHERE {part.predicate} LIMIT 1").num_rows > 0
 
     def _participants(self, subscriptions: list[Subscription], ranges: dict[int, tuple[int, int]]) -> list[Participant]:

@@ -29,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -64,9 +65,11 @@ class TableWriter:
         self.min_interval_s = max(0.0, min_interval_s)
         self._last_write = float("-inf")  # monotonic s when the last write began
         self._flushing = 0  # callers of `flush` waiting: gather nothing more
+        self._hurry = False  # a round that must not wait for the gathering was handed over
         self._queue: queue.Queue[SliceWrite | None] = queue.Queue()
         self._idle = threading.Condition()
         self._unwritten = 0
+        self._held: Counter = Counter()  # slices handed over, not yet written or given up
         self._closing = threading.Event()
         self._given_up = False  # a slice was abandoned: nothing after it may be written
         self._wait_until: float | None = None  # monotonic s: `submit` waits no longer (the job is stopping)
@@ -75,10 +78,11 @@ class TableWriter:
         self._thread = threading.Thread(target=self._run, name="herald-table-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]]) -> bool:
+    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]], hurry: bool = False) -> bool:
         """Queue a round's rows, table by table in the order given (an empty table clears the slice). Waits
         while `max_pending` rounds are queued. False when the round was given up instead (the writer is closed
-        or abandoned an earlier round): none of its rows is written."""
+        or abandoned an earlier round): none of its rows is written. `hurry`: end the gathering now (a row a
+        crash must not lose for 10 s, such as where a new `latest` subscription starts)."""
         started = time.monotonic()
         warned = False
         with self._idle:
@@ -99,11 +103,13 @@ class TableWriter:
                           "run", part, "closed" if self._closing.is_set() else "stopped at an earlier round")
                 return False
             self._unwritten += 1
-            if self._unwritten >= self._enough:
+            self._held[part] += 1
+            self._queue.put(SliceWrite(part, tuple(tables)))  # under the lock: queued before `_hurry` is seen
+            self._hurry = self._hurry or hurry
+            if hurry or self._unwritten >= self._enough:
                 self._idle.notify_all()  # the writer stops gathering
         if warned:
             log.info("storage caught up: delivery goes on after %.1f s", waited)
-        self._queue.put(SliceWrite(part, tuple(tables)))
         return True
 
     def stop_waiting_at(self, deadline: float) -> None:
@@ -136,6 +142,12 @@ class TableWriter:
                 self._flushing -= 1
         return True
 
+    def holds(self, part: Slice) -> bool:
+        """True while a round of slice `part` was handed over and is not yet written or given up. Ask this before
+        reading the tables for `part`: once it says False, the round's commits are visible (or never will be)."""
+        with self._idle:
+            return self._held[part] > 0
+
     @property
     def _enough(self) -> int:
         """Rounds that end a gathering: half the queue, so that gathering never makes `submit` wait."""
@@ -145,7 +157,7 @@ class TableWriter:
         """Wait until `min_interval_s` after the last write began, unless the writer must hurry."""
         with self._idle:
             while not (self._closing.is_set() or self._given_up or self._flushing or self._wait_until is not None
-                       or self._unwritten >= self._enough):
+                       or self._hurry or self._unwritten >= self._enough):
                 remaining = self._last_write + self.min_interval_s - time.monotonic()
                 if remaining <= 0:
                     return
@@ -178,6 +190,8 @@ class TableWriter:
                 return
             if self.min_interval_s:
                 self._gather()
+            with self._idle:
+                self._hurry = False  # every round handed with it is in the queue: drained below
             self._last_write = time.monotonic()
             batch = [first]
             while len(batch) < MAX_MERGED_ROUNDS:
@@ -212,6 +226,10 @@ class TableWriter:
             self.abandoned += len(items)
         with self._idle:
             self._unwritten -= len(items)
+            for item in items:
+                self._held[item.part] -= 1
+                if self._held[item.part] <= 0:
+                    del self._held[item.part]
             self._idle.notify_all()
 
     def _write(self, writes: list[tuple[str, pa.Table, Slice | Slices]], shown: Slice | Slices) -> bool:
@@ -224,7 +242,7 @@ class TableWriter:
                     self.store.replace(table, rows, part)
                     break
                 except Exception as error:  # noqa: BLE001 - logged, retried: losing it would lose positions
-                    if self._closing.is_set():
+                    if self._closing.is_set() or self._given_up:  # closed, or abandoned (lease lost)
                         log.error("%s: giving up writing %s, and every round after it: %s", table, shown, error)
                         return False
                     log.error("%s: writing %s failed (retrying in %.1f s): %s", table, shown, pause_s, error)
