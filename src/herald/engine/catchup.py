@@ -22,7 +22,7 @@ import threading
 import time
 
 from herald.engine import round_steps as steps
-from herald.engine.context import now_ms, stamp_ms
+from herald.engine.context import now_ms
 from herald.engine.positions import Lost, behind, catch_up_ranges, earliest
 from herald.engine.rounds import CATCHUP, RoundResult
 from herald.engine.state import SubscriptionState
@@ -133,7 +133,6 @@ class CatchUp:
                                         max_tasks=max(1, context.parallelism // 2), shared=False, known_lost=deleted)
         finally:
             with pipeline.lock:
-                stamp = stamp_ms()  # before `apply` applies moves (see TopicPipeline.handle_batch)
                 pipeline.apply(participants, results)
                 for state in group:
                     state.last_served_s = time.monotonic()
@@ -148,7 +147,7 @@ class CatchUp:
         batch_id = next(self._rounds)
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
                                           pipeline.kafka_topic, context.cluster, results),
-                     time.monotonic() - started, park=pipeline.retries.park, stamp=stamp)
+                     time.monotonic() - started, park=pipeline.retries.park)
         pipeline.flush_moves()
         log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,
                  ", ".join(state.id for state in group), sum(e - s for s, e in ranges.values()),

@@ -146,12 +146,12 @@ def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, k
 
 
 def record(context: EngineContext, result: RoundResult, duration_s: float, possible_replay: bool = False,
-           park: Callable | None = None, stamp: int | None = None) -> None:
+           park: Callable | None = None) -> None:
     """Hand the round's rows to the table writer (positions last), then its parked messages to `park` (the
     retry driver: after their PARKED rows, so that a retry round's rows about them are always written later),
     then tell the round's listeners. Empty tables are skipped, unless the round may replay an earlier run's
     (its old slices are then cleared too)."""
-    tables = table_rows(result, stamp if stamp is not None else stamp_ms())  # `stamp`: taken before its moves
+    tables = table_rows(result, stamp_ms())
     if not possible_replay:
         tables = [(table, rows) for table, rows in tables if rows.num_rows]
     if tables:

@@ -242,14 +242,12 @@ class TopicPipeline:
                            for p in participants]
         finally:
             with self.lock:
-                stamp = stamp_ms()  # before `apply` applies moves: another thread may flush (stamp) them first
                 self.apply(participants, results)
                 self._set_frontier(ranges)
                 self.batch_in_progress = False
             steps.release_pins(context, participants, results)
         steps.record(context, RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
-                     time.monotonic() - started, possible_replay=self._replay_possible, park=self.retries.park,
-                     stamp=stamp)
+                     time.monotonic() - started, possible_replay=self._replay_possible, park=self.retries.park)
         self._replay_possible = False
         self.healthy = True
         self.flush_moves()
