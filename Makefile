@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
-# Two workers, a test file each at a time (its module fixtures stay in one process); the slowest tests listed.
+# The slowest tests listed. (Two pytest-xdist workers, `-n 2 --dist loadfile`, took 29 min and had timing failures
+# when the machine was loaded: not the default until those tests are made robust to it.)
 test: install
-	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile --durations=20
+	$(BIN)/python -m pytest -q -rs --durations=20
 
 unit: install
 	$(BIN)/python -m pytest -q tests/unit
