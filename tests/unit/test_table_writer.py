@@ -158,7 +158,6 @@ def test_a_flush_or_a_half_full_queue_ends_the_gathering_at_once():
     store = FlakyStore()
     writer = TableWriter(store, max_pending=4, min_interval_s=60)
     writer.submit(*_round(0))
-    started = time.monotonic()
     assert writer.flush(5), "a flush does not wait for the interval"
     writer.submit(*_round(1))
     writer.submit(*_round(2))  # half of max_pending: written without waiting for the interval
@@ -166,7 +165,6 @@ def test_a_flush_or_a_half_full_queue_ends_the_gathering_at_once():
     while len(_flat(store.written)) < 6 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _flat(store.written)[-2:] == [("offsets", 1), ("offsets", 2)]
-    assert time.monotonic() - started < 5
     writer.submit(*_round(3))
     assert writer.close(5), "a close writes what gathers"
     assert _flat(store.written)[-1] == ("offsets", 3)
