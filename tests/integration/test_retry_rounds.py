@@ -105,9 +105,9 @@ def test_parked_messages_reach_the_retry_driver_only_after_their_parked_rows(tmp
         record = Record(partition=0, offset=0, timestamp_ms=now, message_id="m0", body=b'{"n": 0}')
         parked = Parked(record, RetryState(attempts=1, first_read_ms=now, due_ms=now - 1, last_status=503))
         outcome = SubscriptionOutcome(subscription, parked=[parked], positions={0: 1})
-        pipeline.apply([Participant(0, state, lane_plan(state, context.flow_settings, 0))], [outcome])
+        stamp = pipeline.apply([Participant(0, state, lane_plan(state, context.flow_settings, 0))], [outcome])
         assert driver.parked_count(subscription.id) == 0, "not before the round's PARKED row is handed over"
-        steps.record(context, RoundResult(STREAM, "stream:q", 7, "retry.topic", "test", [outcome]), 0.0,
+        steps.record(context, RoundResult(STREAM, "stream:q", 7, "retry.topic", "test", [outcome]), 0.0, stamp,
                      park=driver.park)
         assert driver.parked_count(subscription.id) == 1
         driver.run_round(driver.due_now())  # delivered at once: 200

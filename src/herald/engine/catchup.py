@@ -133,7 +133,7 @@ class CatchUp:
                                         max_tasks=max(1, context.parallelism // 2), shared=False, known_lost=deleted)
         finally:
             with pipeline.lock:
-                pipeline.apply(participants, results)
+                stamp = pipeline.apply(participants, results)
                 for state in group:
                     state.last_served_s = time.monotonic()
                 for result in results:
@@ -147,7 +147,7 @@ class CatchUp:
         batch_id = next(self._rounds)
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
                                           pipeline.kafka_topic, context.cluster, results),
-                     time.monotonic() - started, park=pipeline.retries.park)
+                     time.monotonic() - started, stamp, park=pipeline.retries.park)
         pipeline.flush_moves()
         log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,
                  ", ".join(state.id for state in group), sum(e - s for s, e in ranges.values()),

@@ -26,7 +26,7 @@ from herald.delivery.message import Record, RetryState
 from herald.delivery.report import Parked
 from herald.delivery.sender import TaskSender
 from herald.engine import round_steps as steps
-from herald.engine.context import EngineContext, now_ms
+from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.pinning import Pin, PinNews
 from herald.engine.planner import lane_plan, named
 from herald.engine.priority import HELD
@@ -301,7 +301,7 @@ class RetryDriver:
             pin_lost = isinstance(pin, Pin) and current_pins.get(subscription.id) != pin.pin_id
             self._resolve(subscription.id, due[subscription.id], lane, outcome, lanes[index].targets, pin_lost)
             result.outcomes.append(outcome)
-        steps.record(context, result, time.monotonic() - started)  # its parked messages: `_resolve` kept them
+        steps.record(context, result, time.monotonic() - started, stamp_ms())  # parked: `_resolve` kept them
         ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
         log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again, %d not attempted "
                  "(still parked)", batch_id, len(rows), sum(o.counters.delivered for o in result.outcomes),

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from herald.config import Subscription
 from herald.config.model import Topic
 from herald.delivery.plan import LanePlan, TaskPlan
-from herald.engine.context import EngineContext, stamp_ms
+from herald.engine.context import EngineContext
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.planner import lane_plan
 from herald.engine.pinning import Pin
@@ -145,13 +145,14 @@ def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, k
     return lost
 
 
-def record(context: EngineContext, result: RoundResult, duration_s: float, possible_replay: bool = False,
-           park: Callable | None = None) -> None:
-    """Hand the round's rows to the table writer (positions last), then its parked messages to `park` (the
+def record(context: EngineContext, result: RoundResult, duration_s: float, stamp: int,
+           possible_replay: bool = False, park: Callable | None = None) -> None:
+    """Hand the round's rows, stamped `stamp` (epoch ms, from `TopicPipeline.apply`), to the table writer
+    (positions last), then its parked messages to `park` (the
     retry driver: after their PARKED rows, so that a retry round's rows about them are always written later),
     then tell the round's listeners. Empty tables are skipped, unless the round may replay an earlier run's
     (its old slices are then cleared too)."""
-    tables = table_rows(result, stamp_ms())
+    tables = table_rows(result, stamp)
     if not possible_replay:
         tables = [(table, rows) for table, rows in tables if rows.num_rows]
     if tables:

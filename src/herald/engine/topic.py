@@ -242,12 +242,12 @@ class TopicPipeline:
                            for p in participants]
         finally:
             with self.lock:
-                self.apply(participants, results)
+                stamp = self.apply(participants, results)
                 self._set_frontier(ranges)
                 self.batch_in_progress = False
             steps.release_pins(context, participants, results)
         steps.record(context, RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
-                     time.monotonic() - started, possible_replay=self._replay_possible, park=self.retries.park)
+                     time.monotonic() - started, stamp, possible_replay=self._replay_possible, park=self.retries.park)
         self._replay_possible = False
         self.healthy = True
         self.flush_moves()
@@ -291,10 +291,15 @@ class TopicPipeline:
         return steps.participants(self.context, chosen, self.retries.parked_count)
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
-    def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> None:
+    def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> int:
         """Take a round's outcomes into the states (lock held). Its parked messages go to the retry driver only
         once the round's rows are handed to the writer (`record`), so that a retry round's rows about them are
-        always written after their PARKED rows."""
+        always written after their PARKED rows.
+
+        Returns the stamp (epoch ms) of the round's rows, taken here, before its subscriptions are free and before
+        the moves asked during the round are applied: a move written by another thread before this round is
+        recorded, or the subscriptions' next round recorded first, is still newer than the round's rows."""
+        stamp = stamp_ms()
         by_id = {result.subscription.id: result for result in results}
         for participant in participants:
             state = participant.state
@@ -318,6 +323,7 @@ class TopicPipeline:
             moves_asked, participant.state.pending_moves = participant.state.pending_moves, []
             for move in moves_asked:  # in the order they were asked: each is applied, and recorded applied
                 self._move(participant.state, move)
+        return stamp
 
     def stop(self) -> None:
         self.stopping = True
