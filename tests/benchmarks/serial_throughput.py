@@ -600,15 +600,15 @@ def run_herald(args) -> dict:
     # Timing only (no behaviour change): how long each foreachBatch call takes (the table writes happen on
     # the writer thread, beside the next batch).
     batch_times: list[dict] = []
-    handle_batch = TopicPipeline.handle_batch
+    deliver_batch = TopicPipeline.deliver_batch
 
-    def timed_handle_batch(self, batch_df, batch_id):
+    def timed_deliver_batch(self, batch_df, batch_id, ranges):
         began = time.perf_counter()
-        handle_batch(self, batch_df, batch_id)
+        deliver_batch(self, batch_df, batch_id, ranges)
         batch_times.append({"batch_id": batch_id, "start": began - run_started,
                             "handle_s": time.perf_counter() - began})
 
-    TopicPipeline.handle_batch = timed_handle_batch
+    TopicPipeline.deliver_batch = timed_deliver_batch
 
     runner = Runner(config, spark=spark)
     run_started = time.perf_counter()
@@ -853,7 +853,7 @@ def report(args, sink, runs: list[dict], produce_s: float) -> None:
         print()
         print("  columns (s): trigger..commit = Spark's StreamingQueryProgress.durationMs (triggerExecution, "
               "latestOffset, queryPlanning, addBatch, walCommit, commitOffsets); foreachBatch = Herald's "
-              "handle_batch (TopicPipeline); to tasks = foreachBatch call .. first task's sender "
+              "deliver_batch (TopicPipeline); to tasks = foreachBatch call .. first task's sender "
               "started; in tasks = first task start .. last task end (as the tasks report it in the metrics table).")
     print("=" * 100)
 

@@ -1,6 +1,7 @@
 """Many topics in one job, the common Hermes shape: tens of topics, each with a subscription or two.
 
-Real broker, real Spark (its Kafka source), real HTTP subscribers on 127.0.0.1, real Delta tables.
+A topic costs its rows, not a query of its own: the job reads them all through one streaming query (the shared
+read), on either Kafka source. Real broker, real Spark, real HTTP subscribers on 127.0.0.1, real Delta tables.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 TOPICS = 32
 
 
-def test_thirty_two_topics_with_a_subscription_each_in_one_once_run(broker, spark, tmp_path):
-    """Every topic's messages reach its own subscription, exactly once each, in one `--once` run; one topic's
-    subscriber failing every request does not hold back the other 31 (its messages are parked)."""
-    require_jars(spark, SPARK_KAFKA_CLASS)
+@pytest.mark.parametrize("connector", ["spark", "python"])
+def test_thirty_two_topics_with_a_subscription_each_in_one_once_run(broker, spark, tmp_path, connector):
+    """Every topic's messages reach its own subscription, exactly once each, in one `--once` run that reads all
+    32 topics through one query; one topic's subscriber failing every request does not hold back the other 31
+    (its messages are parked)."""
+    if connector == "spark":
+        require_jars(spark, SPARK_KAFKA_CLASS)
     stamp = time.time_ns() % 10**8
     topics = [f"many.t{n}_{stamp}" for n in range(TOPICS)]
     broker.create_topics({topic: 2 for topic in topics})
@@ -37,11 +41,13 @@ def test_thirty_two_topics_with_a_subscription_each_in_one_once_run(broker, spar
                                 "subscriptionPolicy": {"messageTtl": 3600, "messageBackoff": 60000}}}
                   for topic in topics}
         conf = write_topics_conf(tmp_path, broker.bootstrap_servers, layout,
-                                 settings={"kafka": {"connector": "spark"}})
+                                 settings={"kafka": {"connector": connector}})
         for index, topic in enumerate(topics):
             produce(broker.bootstrap_servers, topic, [{"topic": index, "i": i} for i in range(5)])
         runner = Runner(load_config(conf), spark=spark)
         assert runner.run(once=True) == 0
+    reads = {id(pipeline.read) for pipeline in runner.pipelines.values()}
+    assert len(reads) == 1 and runner.topics.read.kafka_topics == sorted(topics), "one query read every topic"
     delivered: dict[str, list[int]] = {}
     for request in sub.requests:  # every answer is 200 but the failing topic's
         delivered.setdefault(request.path, []).append(request.json()["i"])
@@ -53,3 +59,68 @@ def test_thirty_two_topics_with_a_subscription_each_in_one_once_run(broker, spar
         assert all(request.json()["topic"] == index for request in sub.requests if request.path == f"/{topic}/s")
     parked = runner.retries.parked_count(f"{failing}.s")
     assert parked == 5, "the failing subscriber's messages are parked, not lost and not blocking the others"
+
+
+def _received(sub: ScriptedSubscriber, path: str) -> list[int]:
+    return sorted(request.json()["i"] for request in sub.requests if request.path == path)
+
+
+def test_topics_added_and_removed_while_running_replace_the_read_and_lose_nothing(broker, spark, tmp_path):
+    """Three topics run; a fourth is added and then one is removed while messages keep coming. Each change
+    replaces the shared read (a new query over the new set, a checkpoint of its own, the old one deleted) after
+    its micro-batch in progress: the topics that stay get every message exactly once across both changes, the
+    added one everything since its `earliest` start, the removed one nothing after its removal."""
+    import textwrap
+    from pathlib import Path
+
+    from herald.engine.read import read_root
+    from tests.support.herald_env import wait_until, write_subscription
+    from tests.support.running import RunningHerald
+
+    stamp = time.time_ns() % 10**8
+    kept, removed, added = f"live.kept_{stamp}", f"live.removed_{stamp}", f"live.added_{stamp}"
+    third = f"live.third_{stamp}"
+    broker.create_topics({kept: 2, removed: 1, added: 2, third: 1})
+    with ScriptedSubscriber() as sub:
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, {
+            topic: {"s": {"endpoint": f"{sub.url}/{topic}"}} for topic in (kept, removed, third)})
+        produce(broker.bootstrap_servers, added, [{"i": i} for i in range(5)])  # before it is delivered
+        with RunningHerald(conf, spark) as running:
+            runner = running.runner
+            first_read = runner.topics.read
+            assert first_read.kafka_topics == sorted([kept, removed, third])
+            produce(broker.bootstrap_servers, kept, [{"i": i} for i in range(0, 10)])
+            produce(broker.bootstrap_servers, removed, [{"i": i} for i in range(0, 10)])
+            assert wait_until(lambda: _received(sub, f"/{kept}") == list(range(10)), 60)
+            since = running.generation
+            (conf / "topics" / f"{added}.yaml").write_text(textwrap.dedent(f"name: {added}\ncontentType: JSON\n"))
+            write_subscription(conf, added, "s", {"endpoint": f"{sub.url}/{added}"}, prefixed=True)
+            produce(broker.bootstrap_servers, kept, [{"i": i} for i in range(10, 20)])  # around the change
+            assert running.applied(since)
+            produce(broker.bootstrap_servers, kept, [{"i": i} for i in range(20, 30)])
+            produce(broker.bootstrap_servers, added, [{"i": i} for i in range(5, 10)])
+            assert wait_until(lambda: _received(sub, f"/{added}") == list(range(10))
+                              and _received(sub, f"/{kept}") == list(range(30)), 90), \
+                (_received(sub, f"/{added}"), _received(sub, f"/{kept}"))
+            second_read = runner.topics.read
+            assert second_read is not first_read and second_read.kafka_topics == sorted([kept, removed, third, added])
+            assert wait_until(lambda: _received(sub, f"/{removed}") == list(range(10)), 60)
+            since = running.generation
+            (conf / "subscriptions" / f"{removed}.s.yaml").unlink()
+            (conf / "topics" / f"{removed}.yaml").unlink()
+            assert running.applied(since)
+            assert wait_until(lambda: runner.topics.read is not second_read
+                              and runner.topics.read.query is not None and runner.topics.read.query.isActive, 60)
+            produce(broker.bootstrap_servers, removed, [{"i": i} for i in range(10, 15)])
+            produce(broker.bootstrap_servers, kept, [{"i": i} for i in range(30, 40)])
+            produce(broker.bootstrap_servers, third, [{"i": i} for i in range(3)])
+            assert wait_until(lambda: _received(sub, f"/{kept}") == list(range(40))
+                              and _received(sub, f"/{third}") == [0, 1, 2], 90), _received(sub, f"/{kept}")
+            assert runner.topics.read.kafka_topics == sorted([kept, third, added])
+            checkpoints = sorted(path.name for path in Path(read_root(str(tmp_path / "storage"))).iterdir())
+            assert checkpoints == [Path(runner.topics.read.checkpoint).name], "the other reads' are deleted"
+        assert running.exit_code == 0
+    assert _received(sub, f"/{removed}") == list(range(10)), "nothing delivered after its removal"
+    for topic in (kept, added, third):
+        paths = [request.json()["i"] for request in sub.requests if request.path == f"/{topic}"]
+        assert len(paths) == len(set(paths)), f"{topic}: a message delivered twice across the changes"

@@ -1,15 +1,17 @@
-"""Storage given as a URI (`file://` here, as `s3a://` or `dbfs:` on a cluster): the topic queries' checkpoints
-are read through Spark's Hadoop client, so where the query stands is known there too (issue: nothing lost,
+"""Storage given as a URI (`file://` here, as `s3a://` or `dbfs:` on a cluster): the read's checkpoint
+is read through Spark's Hadoop client, so where the query stands is known there too (issue: nothing lost,
 nothing stuck)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
 
 from herald.config import load_config
 from herald.engine.moves import plan_move, record_move
+from herald.engine.read import read_checkpoint
 from herald.engine.runner import Runner
 from herald.engine.state import stored_positions
 from herald.storage import DeltaRsStore
@@ -33,7 +35,8 @@ def test_a_subscription_moved_back_on_an_idle_topic_is_delivered_again_with_a_fi
         config = load_config(conf)
         assert config.storage_path == storage
         assert Runner(config, spark=spark).run(once=True) == 0
-        assert (tmp_path / "remote" / "checkpoints" / "topics" / topic_name / "commits").is_dir()
+        checkpoint = read_checkpoint(str(tmp_path / "remote"), [topic_name])
+        assert (Path(checkpoint) / "commits").is_dir(), "the read's checkpoint is written under the storage URI"
         store = DeltaRsStore(storage)
         current = stored_positions(store)[(f"{topic_name}.b", topic_name)]
         record_move(store, plan_move({"bootstrap.servers": broker.bootstrap_servers}, f"{topic_name}.b", topic_name,

@@ -196,7 +196,11 @@ def test_a_replayed_micro_batch_recorded_before_the_crash_keeps_its_parked_and_u
             "endpoint": sub.url, "subscriptionPolicy": {"messageBackoff": 600000}}},  # outlasts both runs on any stack
             settings={"streaming": {"parkAfterMs": 200}})
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
-        commits = tmp_path / "storage" / "checkpoints" / "topics" / topic_name / "commits"
+        from pathlib import Path
+
+        from herald.engine.read import read_checkpoint
+
+        commits = Path(read_checkpoint(str(tmp_path / "storage"), [topic_name])) / "commits"
         last = max(int(name) for name in os.listdir(commits) if name.isdigit())
         (commits / str(last)).unlink()
         (commits / f".{last}.crc").unlink(missing_ok=True)  # a real crash leaves no checksum without its file

@@ -1,8 +1,8 @@
-"""The offsets a micro-batch of a topic's shared query covers, read from the query's checkpoint.
+"""The offsets a micro-batch of the job's shared read covers, per topic, read from the query's checkpoint.
 
 Spark writes each micro-batch's end offsets to `<checkpoint>/offsets/<batch id>` before it runs the batch
 (a write-ahead log: a version line, a metadata line, then one line of offsets per source, in the kafka
-source's JSON: {"topic": {"partition": next offset}}); the batch starts where the previous one ended.
+source's JSON: {"topic": {"partition": next offset}, ...}); the batch starts where the previous one ended.
 `foreachBatch` is not told either, so the handler reads them here. Both Kafka connectors write the same shape.
 
 The first batch of a new checkpoint starts where the query was told to start (`startingOffsets`). When that is
@@ -62,17 +62,23 @@ def has_offsets(spark, checkpoint: str) -> bool:
     return bool(_batch_ids(spark, f"{checkpoint.rstrip('/')}/offsets"))
 
 
-def logged_offsets(spark, checkpoint: str, batch_id: int, kafka_topic: str) -> dict[int, int] | None:
-    """The end offsets of `batch_id` in the checkpoint's offset log; None when not logged."""
+def logged_topics(spark, checkpoint: str, batch_id: int) -> dict[str, dict[int, int]] | None:
+    """Kafka topic -> partition -> end offset of `batch_id` in the checkpoint's offset log; None when not logged.
+    A topic the source no longer reads (deleted from Kafka) is not in it."""
     text = _read_text(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
     if text is None:
         return None
     lines = [line for line in text.splitlines() if line.strip()]
     for line in lines[2:]:
         offsets = json.loads(line)
-        if isinstance(offsets, dict) and kafka_topic in offsets:
-            return {int(p): int(o) for p, o in offsets[kafka_topic].items()}
-    return None
+        if isinstance(offsets, dict):
+            return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in offsets.items()}
+    return {}
+
+
+def logged_offsets(spark, checkpoint: str, batch_id: int, kafka_topic: str) -> dict[int, int] | None:
+    """The end offsets of `kafka_topic` in `batch_id` of the checkpoint's offset log; None when not logged."""
+    return (logged_topics(spark, checkpoint, batch_id) or {}).get(kafka_topic)
 
 
 def last_committed(spark, checkpoint: str) -> int | None:
@@ -83,7 +89,7 @@ def last_committed(spark, checkpoint: str) -> int | None:
 
 def batch_ranges(spark, checkpoint: str, batch_id: int, kafka_topic: str,
                  first_start: Mapping[int, int] | None) -> dict[int, tuple[int, int]]:
-    """partition -> (start, end) of micro-batch `batch_id`.
+    """partition -> (start, end) of `kafka_topic` in micro-batch `batch_id`.
 
     first_start: where a checkpoint this run created told the query to start (for batch 0); None otherwise.
     """
@@ -91,10 +97,41 @@ def batch_ranges(spark, checkpoint: str, batch_id: int, kafka_topic: str,
     if end is None:
         raise RuntimeError(f"micro-batch {batch_id} of {kafka_topic} is not in {checkpoint}/offsets")
     previous = logged_offsets(spark, checkpoint, batch_id - 1, kafka_topic) if batch_id > 0 else None
+    return ranges_between(end, previous, first_start if batch_id == 0 else None)
+
+
+def ranges_between(end: Mapping[int, int], previous: Mapping[int, int] | None,
+                   first_start: Mapping[int, int] | None) -> dict[int, tuple[int, int]]:
+    """partition -> (start, end) of one topic in a micro-batch: from the previous batch's end offsets (None for
+    the first batch of a checkpoint, or one not logged any more), else from `first_start` (where a checkpoint this
+    run created told the query to start, for batch 0), else empty (start taken as the end)."""
     if previous is not None:
         start = {p: previous.get(p, 0) for p in end}  # a partition added since: from its start
-    elif first_start is not None and batch_id == 0:
+    elif first_start is not None:
         start = dict(first_start)
     else:
         start = dict(end)
     return {p: (min(start.get(p, e), e), e) for p, e in end.items()}
+
+
+def remove(spark, path: str) -> None:
+    """Delete a checkpoint directory (local or remote) and everything in it; nothing when it does not exist."""
+    if _local(path):
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    fs, hadoop_path = _hadoop(spark, path)
+    if fs.exists(hadoop_path):
+        fs.delete(hadoop_path, True)
+
+
+def children(spark, directory: str) -> list[str]:
+    """The names of the directories in `directory` (local or remote); none when it does not exist."""
+    if _local(directory):
+        return sorted(name for name in os.listdir(directory) if os.path.isdir(os.path.join(directory, name))) \
+            if os.path.isdir(directory) else []
+    fs, hadoop_path = _hadoop(spark, directory)
+    if not fs.exists(hadoop_path):
+        return []
+    return sorted(status.getPath().getName() for status in fs.listStatus(hadoop_path) if status.isDirectory())

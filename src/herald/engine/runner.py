@@ -1,11 +1,11 @@
-"""`herald run` and `jobs/deliver.py`: one streaming query per Kafka topic, shared by its ACTIVE subscriptions.
+"""`herald run` and `jobs/deliver.py`: one streaming query reads every Kafka topic of the job's ACTIVE subscriptions.
 
-Beside the queries, on the driver: a catch-up thread per topic for subscriptions behind their query, the retry
-driver for parked messages, the table writer, and (without `--once`) the configuration watcher. A topic whose
-query fails, or cannot start, is started again alone with backoff while the others go on (`supervision`). One
+Beside the query, on the driver: a catch-up thread per topic for subscriptions behind their query, the retry
+driver for parked messages, the table writer, and (without `--once`) the configuration watcher. A topic that
+fails, or cannot start, is started again alone with backoff while the others go on (`supervision`). One
 job delivers from a storage path at a time: a second one exits at once, naming the first (`storage.lease`).
 
-With `once=True` each query processes what is available at the start (Trigger.AvailableNow), and the run
+With `once=True` the query processes what is available at the start (Trigger.AvailableNow), and the run
 returns once every ACTIVE subscription has reached the end offsets that were current when it started (every
 message delivered, discarded or parked) or is held at a message an ordered subscription is still retrying.
 It then says how many messages are parked and when the next is due; the next run retries them. A topic that
@@ -110,9 +110,10 @@ class Runner:
         retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
         retries.set_active(active)
         retries.start()
-        for topic_name, subscriptions in by_topic(active).items():
-            with topics.lock:
+        with topics.lock:
+            for topic_name, subscriptions in by_topic(active).items():
                 topics.start_topic(topic_name, subscriptions)
+            topics.regroup()  # one query reads them all
         if not once and settings.storage.maintenanceIntervalHours:
             from herald.storage.maintenance import PeriodicMaintenance
 
@@ -252,6 +253,9 @@ class Runner:
             log.warning("second interrupt: stopping now")
             for pipeline in list(self.pipelines.values()):
                 pipeline.stop()
+            read = self.topics.read if self.topics is not None else None
+            if read is not None:
+                read.stop()
             return
         log.info("stopping: letting the rounds in progress finish (Ctrl-C again to stop now)")
         self._stop.set()
@@ -295,13 +299,9 @@ class Runner:
             self.context.discovery.stop()
         with self.topics.lock if self.topics is not None else threading.RLock():
             pipelines = list(self.pipelines.values())
+        if self.topics is not None:  # the micro-batch in progress finishes (up to the deadline), no other starts
+            self.topics.stop_read(max(0.0, deadline - time.monotonic()))
         for pipeline in pipelines:
-            pipeline.stopping = True  # a micro-batch starting from now on delivers nothing: it is not cut midway
-        for pipeline in pipelines:
-            query = pipeline.query
-            while (query is not None and query.isActive and query.status.get("isTriggerActive")
-                   and time.monotonic() < deadline):
-                time.sleep(0.1)
             pipeline.stop()
         for pipeline in pipelines:
             pipeline.catchup.stop()

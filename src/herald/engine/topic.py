@@ -1,19 +1,20 @@
-"""One Kafka topic: the streaming query its ACTIVE subscriptions share, and their states.
+"""One Kafka topic: the states of its ACTIVE subscriptions, and the rounds that deliver its records to them.
 
-Each micro-batch is read once, decoded once and filtered once for every subscription (`projection`), then
-delivered in one job (`fanout`) for the subscriptions whose position is the query's. A subscription that is
-behind (new with `earliest`, re-activated, stopped early at a batch deadline, moved by an operator) is left out
-and catches up on its own (`catchup`); it rejoins the shared query once it reaches the query's position
-(the frontier). The topic's lock guards the states; a round marks its subscriptions busy while it delivers.
+The job's shared read (`herald.engine.read`) reads every topic in one streaming query; each micro-batch's range
+of a topic is read once, decoded once and filtered once for every subscription of the topic (`projection`), then
+delivered in one job (`fanout`) for the subscriptions whose position is the read's (`deliver_batch`). A
+subscription that is behind (new with `earliest`, re-activated, stopped early at a batch deadline, moved by an
+operator) is left out and catches up on its own (`catchup`); it rejoins the shared read once it reaches the
+read's position in the topic (the frontier). The topic's lock guards the states; a round marks its
+subscriptions busy while it delivers.
 
-The query's offsets are Spark's checkpoint (`<storage>/checkpoints/topics/<kafka topic>`); the subscriptions'
-positions are the offsets table. A new checkpoint starts at the highest position of the topic's subscriptions;
+The read's offsets are Spark's checkpoint; the subscriptions' positions are the offsets table. A read that
+starts afresh starts a topic at its frontier or, new to the read, at the highest position of its subscriptions;
 those behind it catch up.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -21,7 +22,6 @@ from collections.abc import Iterable
 
 from herald.config import Subscription
 from herald.config.model import Topic
-from herald.engine import checkpoint as checkpoints
 from herald.engine import moves
 from herald.engine import round_steps as steps
 from herald.engine.catchup import CatchUp
@@ -30,18 +30,11 @@ from herald.engine.fanout import Participant
 from herald.engine.positions import behind
 from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub
 from herald.engine.state import SubscriptionState
-from herald.engine.supervision import short_error
-from herald.source.kafka_offsets import partition_watermarks
-from herald.source.stream import open_kafka_stream
 from herald.storage import Slice
 from herald.delivery.report import SUCCESS
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 
 log = logging.getLogger(__name__)
-
-
-def checkpoint_location(storage_path: str, kafka_topic: str) -> str:
-    return f"{storage_path.rstrip('/')}/checkpoints/topics/{kafka_topic}"
 
 
 class TopicPipeline:
@@ -55,19 +48,16 @@ class TopicPipeline:
         self.kafka_topic = topic.kafka_topic
         self.lock = threading.RLock()
         self.states: dict[str, SubscriptionState] = {state.id: state for state in states}
-        self.frontier: dict[int, int] | None = None  # where the shared query is: the end of its last batch
+        self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
         self.batch_in_progress = False
         self._moved: list = []  # (move, subscription, carried keys it dropped): written after the round's rows
-        self.query = None
-        self.checkpoint = checkpoint_location(context.config.storage_path, self.kafka_topic)
-        self._first_start: dict[int, int] | None = None
-        self._replay_possible = True  # the first batch of a run may be a replay: clear its slices in full
-        self._started = threading.Event()
-        self._writer = ""
-        self.catchup = CatchUp(self)  # started with the query, by `Topics`
-        self.start_error: str | None = None  # why the query could not start (the runner starts it again)
-        self.healthy = False  # the query completed a micro-batch since it (re)started
-        self.stopping = False  # the job is stopping: a micro-batch that starts now delivers nothing
+        self.read = None  # the shared read (herald.engine.read.SharedRead) reading the topic now, if any
+        self.writer = ""  # the read's rounds' writer for this topic: stream:<query id>:<kafka topic>
+        self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
+        self.catchup = CatchUp(self)  # started by `Topics`
+        self.round_error: str | None = None  # why its last round of a micro-batch failed (it catches up on it)
+        self.healthy = False  # delivered a micro-batch since it joined its read
+        self.stopping = False  # the job is stopping (or the topic leaves it): a micro-batch delivers nothing
 
     # -- subscriptions ----------------------------------------------------------------------------------------
     @property
@@ -130,88 +120,60 @@ class TopicPipeline:
             if state is not None:
                 state.subscription = subscription
 
-    # -- the shared query -------------------------------------------------------------------------------------
-    def start(self) -> None:
-        context = self.context
-        settings = context.config.settings
-        starting = self._starting_offsets()
-        frontier = self._committed_frontier() or starting
-        with self.lock:
-            self.frontier = frontier
-            for state in self.states.values():
-                state.topic_end = frontier
-                if not state.busy:  # a round delivering it (catch-up, on a restart) sets it when it ends
-                    state.catching_up = behind(state.positions, frontier)
-        raw = open_kafka_stream(
-            context.spark, context.connector, settings.kafka.bootstrapServers, settings.kafka.properties,
-            self.kafka_topic, json.dumps({self.kafka_topic: {str(p): o for p, o in sorted(starting.items())}}),
-            settings.streaming.maxOffsetsPerTrigger,
-        )
-        writer = (raw.writeStream.queryName(f"herald:{self.kafka_topic}")
-                  .option("checkpointLocation", self.checkpoint).foreachBatch(self.handle_batch))
-        if context.once:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=settings.streaming.triggerInterval)
-        self.query = writer.start()
-        self._writer = f"stream:{self.query.id}"  # the checkpoint's query id: the same after a restart
-        self._started.set()
-        log.info("%s: one query for %d subscription(s)", self.kafka_topic, len(self.states))
+    # -- the shared read -------------------------------------------------------------------------------------
+    @property
+    def query(self):
+        """The streaming query reading the topic now (the shared read's), or None."""
+        read = self.read
+        return read.query if read is not None else None
 
     def failure(self) -> str | None:
-        """Why the topic's query is not running (it failed, or could not start), or None."""
-        if self.start_error is not None:
-            return self.start_error
-        query = self.query
-        if query is not None and not query.isActive:
-            error = query.exception()
-            if error is not None:
-                return short_error(error)
-        return None
+        """Why the read of the topic is not running (it failed, or could not start), or None."""
+        read = self.read
+        return read.failure() if read is not None else None
 
-    def restart(self) -> None:
-        """Start the query again from its checkpoint, after it failed. Its first micro-batch may replay the one
-        that failed, which then replaces whatever that one wrote."""
-        self.stop()
-        self.stopping = False
-        self.start_error = None
-        self.healthy = False
-        self._replay_possible = True
-        self._started.clear()
-        try:
-            self.start()
-        except Exception as error:
-            self.start_error = short_error(error)
-            raise
-
-    def _starting_offsets(self) -> dict[int, int]:
-        """Where a new checkpoint starts: per partition, the highest position of the topic's subscriptions (a
-        partition without one starts at its earliest offset). Subscriptions behind it catch up on their own, so
-        an up-to-date subscription never waits for another one's backlog to be read first."""
-        marks = partition_watermarks(self.context.client_config, [self.kafka_topic])[self.kafka_topic]
+    def starting_offsets(self, marks: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """Where a read that starts afresh starts the topic, per partition: at its frontier (where the last read
+        had delivered it to); for a topic new to the read, at the highest position of its subscriptions (a
+        partition without one at its earliest offset). Subscriptions behind it catch up on their own, so an
+        up-to-date subscription never waits for another one's backlog to be read first. Within what Kafka holds:
+        a range deleted below it is found by catch-up (LOST rows). `marks`: partition -> (low, high) watermarks."""
+        with self.lock:
+            frontier = dict(self.frontier or {})
+            positions = [dict(state.positions) for state in self.states.values()]
         starting = {}
         for partition, (low, high) in marks.items():
-            positions = [state.positions[partition] for state in self.states.values() if partition in state.positions]
-            starting[partition] = min(max(max(positions), low), high) if positions else low
-        if not checkpoints.has_offsets(self.context.spark, self.checkpoint):
-            self._first_start = starting
+            if partition in frontier:
+                wanted = frontier[partition]
+            else:
+                known = [position[partition] for position in positions if partition in position]
+                wanted = max(known) if known else low
+            starting[partition] = min(max(wanted, low), high)
         return starting
 
-    def _committed_frontier(self) -> dict[int, int] | None:
-        last = checkpoints.last_committed(self.context.spark, self.checkpoint)
-        if last is None:
-            return None
-        return checkpoints.logged_offsets(self.context.spark, self.checkpoint, last, self.kafka_topic)
+    def joined(self, read, frontier: dict[int, int]) -> None:
+        """`read` now reads the topic, from `frontier` on."""
+        with self.lock:
+            self.read = read
+            self.frontier = dict(frontier)
+            self._replay_possible = True
+            self.healthy = False
+            for state in self.states.values():
+                state.topic_end = self.frontier
+                if not state.busy:  # a round delivering it (catch-up, on a restart) sets it when it ends
+                    state.catching_up = behind(state.positions, self.frontier)
 
-    def handle_batch(self, batch_df, batch_id: int) -> None:
-        """`foreachBatch`: deliver the micro-batch to the subscriptions at the query's position."""
-        self._started.wait()
+    def passed(self) -> None:
+        """A micro-batch of the read had nothing of this topic: the next one is not a replay for it."""
+        self._replay_possible = False
+
+    def deliver_batch(self, batch_df, batch_id: int, ranges: dict[int, tuple[int, int]]) -> None:
+        """Deliver the topic's `ranges` (partition -> [start, end)) of the read's micro-batch `batch_id` (its rows:
+        `batch_df`) to the subscriptions at the read's position."""
         if self.stopping:  # its rows stay behind every position: the next run (or catch-up) reads them again
             log.info("%s batch %d: not delivered, the job is stopping", self.kafka_topic, batch_id)
             return
         context = self.context
-        ranges = checkpoints.batch_ranges(context.spark, self.checkpoint, batch_id, self.kafka_topic,
-                                          self._first_start)
         if self._replay_possible and self._recorded_before(batch_id):
             # written whole before a crash or a stop that came before Spark's commit: its subscriptions are past
             # it (those that are not catch up); delivering it again would replace its rows with an empty round's
@@ -246,7 +208,7 @@ class TopicPipeline:
                 self._set_frontier(ranges)
                 self.batch_in_progress = False
             steps.release_pins(context, participants, results)
-        steps.record(context, RoundResult(STREAM, self._writer, batch_id, self.kafka_topic, context.cluster, results),
+        steps.record(context, RoundResult(STREAM, self.writer, batch_id, self.kafka_topic, context.cluster, results),
                      time.monotonic() - started, stamp, possible_replay=self._replay_possible, park=self.retries.park)
         self._replay_possible = False
         self.healthy = True
@@ -271,7 +233,7 @@ class TopicPipeline:
         round's tables: the whole round was recorded), or when this process handed that round to the table
         writer and it is not written yet (a query restarted within storage.commitIntervalMs of the round: its
         replay would deliver nothing, and its empty slice would replace the round's PARKED and undelivered rows)."""
-        part = Slice(self._writer, batch_id)
+        part = Slice(self.writer, batch_id)
         if self.context.writer.holds(part):  # asked first: once it says False, the commit is visible
             return True
         return self.context.store.sql(OFFSETS, f"SELECT * FROM {OFFSETS} WHERE {part.predicate} LIMIT 1").num_rows > 0
@@ -326,7 +288,6 @@ class TopicPipeline:
         return stamp
 
     def stop(self) -> None:
+        """Deliver nothing more (the job stops, or the topic leaves it); the read is stopped by `Topics`."""
         self.stopping = True
-        if self.query is not None and self.query.isActive:
-            self.query.stop()
 

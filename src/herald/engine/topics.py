@@ -1,12 +1,15 @@
-"""The topics a job delivers: started, started again when they fail, and changed while the job runs.
+"""The topics a job delivers: read together, started again when they fail, and changed while the job runs.
 
-Each topic of the configuration's ACTIVE subscriptions is a `TopicPipeline` (its shared query and catch-up). A
-topic that cannot start (its Kafka topic does not exist yet, Kafka cannot be reached) or whose query fails is
-started again alone with backoff (`supervision`), while the others go on. A configuration change (the watcher's)
-applies completely: what needs Kafka is asked first, and a topic that cannot start yet is retried. Subscriptions'
-positions come from the `StateBook`; a `latest` subscription whose start was delayed starts at the first
-messages published since it was first seen. Moves (retransmissions) are applied here, to running and resting
-subscriptions alike, and recorded applied.
+Each topic of the configuration's ACTIVE subscriptions is a `TopicPipeline` (its subscriptions' states and its
+catch-up); all of them are read by one streaming query, the shared read (`herald.engine.read`). When the set of
+topics changes, the read is replaced by one over the new set (`regroup`). A topic that cannot start (its Kafka
+topic does not exist yet, Kafka cannot be reached) or that makes the read fail (deleted from Kafka) leaves the
+read and is started again alone with backoff (`supervision`), joining the read when it can, while the others go
+on; a read that fails for no topic of its own is started again from its checkpoint with backoff. A
+configuration change (the watcher's) applies completely: what needs Kafka is asked first, and a topic that
+cannot start yet is retried. Subscriptions' positions come from the `StateBook`; a `latest` subscription whose
+start was delayed starts at the first messages published since it was first seen. Moves (retransmissions) are
+applied here, to running and resting subscriptions alike, and recorded applied.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import time
 from herald.config import HeraldConfig, Subscription
 from herald.config.model import Topic
 from herald.engine.context import EngineContext, now_ms, stamp_ms
+from herald.engine import checkpoint as checkpoints
 from herald.engine.moves import applied_tables
+from herald.engine.read import SharedRead, read_root
 from herald.engine.rounds import moved_rows
 from herald.engine.state import StateBook, SubscriptionState
 from herald.engine.supervision import QuerySupervisor, short_error
@@ -41,10 +46,12 @@ class Topics:
         self.book = book
         self.supervisor = supervisor
         self.pipelines: dict[str, TopicPipeline] = {}
+        self.read: SharedRead | None = None  # the query reading every topic in `pipelines`
         self.lock = threading.RLock()
         self._unstarted: dict[str, list[Subscription]] = {}  # topics that could not start yet
         self._first_seen: dict[str, int] = {}  # subscription id -> when this run first saw it ACTIVE (epoch ms)
         self._delayed: set[str] = set()  # subscriptions whose start failed at least once
+        self._read_once = False  # a read was started in this run (a later one over another set starts afresh)
 
     def unstarted(self) -> list[str]:
         """Topics that could not start yet (tried again by `supervise`)."""
@@ -95,8 +102,9 @@ class Topics:
         return None
 
     def start_topic(self, topic_name: str, subscriptions: list[Subscription]) -> TopicPipeline | None:
-        """(lock held) Start delivering a topic. When it cannot start now (its Kafka topic does not exist yet,
-        Kafka cannot be reached), it is tried again with backoff while the other topics go on."""
+        """(lock held) Start delivering a topic: it joins the read at the next `regroup`. When it cannot start
+        now (its Kafka topic does not exist yet, Kafka cannot be reached), it is tried again with backoff while
+        the other topics go on."""
         topic = self.config.topics[topic_name]
         now = now_ms()
         for subscription in subscriptions:
@@ -114,11 +122,6 @@ class Topics:
         pipeline = TopicPipeline(self.context, topic, states, self.retries)
         self.pipelines[topic_name] = pipeline
         pipeline.catchup.start()
-        try:
-            pipeline.start()
-        except Exception as error:  # noqa: BLE001 - restarted by the supervisor
-            pipeline.start_error = short_error(error)
-            self.topic_failed(topic_name, error)
         return pipeline
 
     def _states(self, topic: Topic, subscriptions: list[Subscription]) -> list[SubscriptionState]:
@@ -151,28 +154,128 @@ class Topics:
                       topic_name, text, max(0.0, failure.retry_at - time.monotonic()), failure.failures)
 
     def supervise(self) -> None:
-        """Notice failed queries and start again those whose backoff has passed."""
+        """Notice a failed read or a topic gone from it, take the topics that caused it out of the read (they are
+        started again alone, with backoff), start again what is due, and regroup the read when its set changed."""
         with self.lock:
-            for topic_name, pipeline in list(self.pipelines.items()):
-                if self.supervisor.failing(topic_name) is None:
-                    error = pipeline.failure()
-                    if error is not None:
-                        self.topic_failed(topic_name, error)
-                    elif pipeline.healthy:
-                        self.supervisor.recovered(topic_name)
-                    continue
-                if self.supervisor.due(topic_name):
-                    self.supervisor.restarted(topic_name)
-                    try:
-                        pipeline.restart()
-                        log.info("%s: query started again from its checkpoint", topic_name)
-                    except Exception as error:  # noqa: BLE001 - backs off further
-                        self.topic_failed(topic_name, error)
+            read = self.read
+            if read is not None:
+                for kafka_topic, why in list(read.gone.items()):  # deleted from Kafka: the read goes on without it
+                    name = self._name_of(kafka_topic)
+                    if name is not None:
+                        self._leave(name, why)
+                error = read.failure()
+                if error is not None and not any(self.supervisor.failing(name) for name in self._read_names()):
+                    self._read_failed(error)
+                elif error is None and read.healthy:
+                    for name in self._read_names():
+                        self.supervisor.recovered(name)
             for topic_name, subscriptions in list(self._unstarted.items()):
                 if self.supervisor.due(topic_name):
                     self.supervisor.restarted(topic_name)
                     if self.start_topic(topic_name, subscriptions) is not None:
-                        log.info("%s started", topic_name)
+                        log.info("%s started: it joins the read", topic_name)
+            given_up = self.supervisor.given_up()
+            names = [name for name in self._read_names() if name not in given_up]
+            if names and self.read is not None and self.read.failure() is not None:
+                if all(self.supervisor.due(name) for name in names):
+                    for name in names:
+                        self.supervisor.restarted(name)
+                    self.regroup(again=True)
+                    return
+            self.regroup()
+
+    def _read_names(self) -> list[str]:
+        """(lock held) The topics the current read reads (by topic name), that are still delivered."""
+        read = self.read
+        if read is None:
+            return []
+        return [name for name, pipeline in self.pipelines.items()
+                if read.pipelines.get(pipeline.kafka_topic) is pipeline]
+
+    def _name_of(self, kafka_topic: str) -> str | None:
+        """(lock held) The name of the topic read from `kafka_topic` by the current read, if any."""
+        return next((name for name in self._read_names() if self.pipelines[name].kafka_topic == kafka_topic), None)
+
+    def _read_failed(self, error: str) -> None:
+        """(lock held) The read's query failed: a topic Kafka does not know any more leaves the read (started
+        again alone, with backoff), and the others are read again at once; when no topic is to blame, every topic
+        of the read waits for the backoff."""
+        blamed = {}
+        for name in self._read_names():
+            kafka_topic = self.pipelines[name].kafka_topic
+            try:
+                partition_watermarks(self.context.client_config, [kafka_topic], 5.0)
+            except Exception as probe:  # noqa: BLE001 - this topic is the one that fails
+                blamed[name] = short_error(probe)
+        for name, why in blamed.items():
+            self._leave(name, f"{why} (the read failed: {error})")
+        if not blamed:
+            for name in self._read_names():
+                self.topic_failed(name, error)
+
+    def _leave(self, topic_name: str, why: str) -> None:
+        """(lock held) A topic that fails leaves the read; it is started again alone, with backoff."""
+        if topic_name not in self.pipelines:
+            return
+        subscriptions = [state.subscription for state in self.pipelines[topic_name].states.values()]
+        self.stop_topic(topic_name)
+        self._unstarted[topic_name] = subscriptions
+        self.topic_failed(topic_name, why)
+
+    def regroup(self, again: bool = False) -> None:
+        """(lock held) Make the read read every topic in `pipelines`: when the set differs from the read's (or
+        `again`: the same set after a failure, from its checkpoint), stop the read after its micro-batch in
+        progress and start one over the set; nothing when the set is the read's. A read that cannot start is
+        tried again by `supervise`, with backoff. A topic `--once` gave up is not read again."""
+        given_up = self.supervisor.given_up()
+        wanted = {pipeline.kafka_topic: pipeline for name, pipeline in self.pipelines.items() if name not in given_up}
+        current = self.read
+        if not again and current is not None and set(current.pipelines) == set(wanted) \
+                and all(current.pipelines[t] is p for t, p in wanted.items()):
+            return
+        if current is None and not wanted:
+            return
+        if current is not None:
+            self._stop_read(current, self.context.config.settings.streaming.batch_deadline_s)
+            self.read = None
+        if not wanted:
+            return
+        first = current is None and not self._read_once
+        resume = first or (again and current is not None and set(current.pipelines) == set(wanted))
+        read = SharedRead(self.context, wanted, resume=resume)
+        self.read = read
+        self._read_once = True
+        try:
+            read.start()
+        except Exception as error:  # noqa: BLE001 - started again by `supervise`, with backoff
+            read.start_error = short_error(error)
+            for name in self._read_names():
+                self.topic_failed(name, error)
+            return
+        self._forget_other_checkpoints(read.checkpoint)
+
+    def _forget_other_checkpoints(self, keep: str) -> None:
+        """Other reads' checkpoints are stale once this one runs (positions are the offsets table)."""
+        root = read_root(self.context.config.storage_path)
+        for name in checkpoints.children(self.context.spark, root):
+            path = f"{root}/{name}"
+            if path != keep:
+                checkpoints.remove(self.context.spark, path)
+
+    def stop_read(self, grace_s: float) -> None:
+        """(the job stops) Let the read's micro-batch in progress finish, up to `grace_s`, and stop it."""
+        with self.lock:
+            read = self.read
+        if read is not None:
+            self._stop_read(read, grace_s)
+
+    @staticmethod
+    def _stop_read(read: SharedRead, grace_s: float) -> None:
+        read.closing = True  # a micro-batch starting from now on delivers nothing: it is not cut midway
+        deadline = time.monotonic() + grace_s
+        while read.batch_active() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        read.stop()
 
     def wake_catchups(self) -> None:
         """Let every topic's catch-up look for work now (a held subscription may deliver again)."""
@@ -235,11 +338,13 @@ class Topics:
                     self.book.joined(joiners[subscription.id])
                     pipeline.add(joiners[subscription.id])
                     log.info("%s: now delivered", subscription.id)
+        self.regroup()  # topics added, removed or edited: the read reads the new set
 
     def _delivered(self, subscription_id: str) -> bool:
         return any(subscription_id in pipeline.states for pipeline in self.pipelines.values())
 
     def stop_topic(self, topic_name: str) -> None:
+        """(lock held) Stop delivering a topic; the read leaves it at the next `regroup`."""
         pipeline = self.pipelines.pop(topic_name)
         log.info("stopping topic %s", topic_name)
         pipeline.stop()

@@ -1,0 +1,185 @@
+"""The job's shared read: one streaming query for all the Kafka topics it delivers.
+
+A topic costs its rows, not a query of its own: one micro-batch loop, one source (one planner process for the
+Python source) and one checkpoint for the whole job, subscribed to the list of its topics. Each micro-batch's
+end offsets are logged per topic in the checkpoint; each topic's pipeline (`TopicPipeline.deliver_batch`)
+delivers its own range of the batch to its own subscriptions, at the same time as the other topics do theirs
+(a thread each, at most `MAX_TOPIC_ROUNDS`). When several topics have records in a batch, the batch's rows are
+kept once (persisted) and each topic reads its rows from there. A topic with nothing new in a batch costs
+nothing.
+
+The set of topics read is fixed for a query. When it changes (a topic added, removed or edited, a topic that
+failed and left the read, or came back), `Topics` stops this read after the micro-batch in progress and
+starts another over the new set, with a checkpoint of its own (`<storage>/checkpoints/read/<digest of the
+set>`), at each topic's frontier (where this one had delivered it to); a topic new to the read starts at the
+highest position of its subscriptions, and those behind catch up. At the job's start, the checkpoint of the
+same set is taken up where the last run left it. Positions are the offsets table: a checkpoint only says where
+the query goes on from, so starting one afresh loses nothing. See docs/design.md §2.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import threading
+
+from pyspark.sql import functions as F
+
+from herald.engine import checkpoint as checkpoints
+from herald.engine.context import EngineContext
+from herald.engine.supervision import short_error
+from herald.source.kafka_offsets import partition_watermarks
+from herald.source.stream import open_kafka_stream
+
+log = logging.getLogger(__name__)
+
+MAX_TOPIC_ROUNDS = 8  # topics delivering one micro-batch at the same time
+
+
+def read_root(storage_path: str) -> str:
+    return f"{storage_path.rstrip('/')}/checkpoints/read"
+
+
+def read_checkpoint(storage_path: str, kafka_topics) -> str:
+    """The checkpoint of a read of `kafka_topics` (any order): one per set of topics."""
+    digest = hashlib.sha1("\n".join(sorted(set(kafka_topics))).encode()).hexdigest()[:16]
+    return f"{read_root(storage_path)}/{digest}"
+
+
+class SharedRead:
+    """One streaming query over the Kafka topics of `pipelines` (Kafka topic -> `TopicPipeline`).
+
+    resume: take up this set's checkpoint where it is (the job's first read, or the same set started again after
+    a failure); otherwise a checkpoint left from an earlier read of the same set is stale and starts afresh."""
+
+    def __init__(self, context: EngineContext, pipelines: dict, resume: bool) -> None:
+        self.context = context
+        self.pipelines = dict(pipelines)
+        self.kafka_topics = sorted(self.pipelines)
+        self.checkpoint = read_checkpoint(context.config.storage_path, self.kafka_topics)
+        self.resume = resume
+        self.query = None
+        self.start_error: str | None = None  # why the query could not start
+        self.healthy = False  # completed a micro-batch since it started
+        self.closing = False  # a micro-batch starting from now on delivers nothing (the read is being replaced)
+        self.gone: dict[str, str] = {}  # Kafka topic -> why it is not read any more (deleted from Kafka)
+        self._first_start: dict[str, dict[int, int]] | None = None
+        self._started = threading.Event()
+
+    # -- starting and stopping ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the query: from this set's checkpoint (resume), else at each topic's frontier or, for a topic
+        new to the read, at the highest position of its subscriptions. Raises when Kafka cannot say where."""
+        context, settings = self.context, self.context.config.settings
+        if not self.resume:
+            checkpoints.remove(context.spark, self.checkpoint)
+        resuming = checkpoints.has_offsets(context.spark, self.checkpoint)
+        marks = partition_watermarks(context.client_config, self.kafka_topics)  # raises for a topic Kafka lacks
+        starting = {topic: pipeline.starting_offsets(marks[topic]) for topic, pipeline in self.pipelines.items()}
+        committed = self._committed() if resuming else {}
+        if not resuming:
+            self._first_start = starting
+        for topic, pipeline in self.pipelines.items():
+            pipeline.joined(self, committed.get(topic) or starting[topic])
+        raw = open_kafka_stream(
+            context.spark, context.connector, settings.kafka.bootstrapServers, settings.kafka.properties,
+            ",".join(self.kafka_topics),
+            json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())} for topic, offsets in starting.items()}),
+            settings.streaming.maxOffsetsPerTrigger,
+        )
+        writer = (raw.writeStream.queryName("herald:read").option("checkpointLocation", self.checkpoint)
+                  .foreachBatch(self.handle_batch))
+        if context.once:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=settings.streaming.triggerInterval)
+        self.query = writer.start()
+        for topic, pipeline in self.pipelines.items():  # the checkpoint's query id: the same after a restart
+            pipeline.writer = f"stream:{self.query.id}:{topic}"
+        self._started.set()
+        log.info("one query reads %d topic(s) for %d subscription(s)%s", len(self.kafka_topics),
+                 sum(len(p.states) for p in self.pipelines.values()),
+                 " (from its checkpoint)" if resuming else "")
+
+    def _committed(self) -> dict[str, dict[int, int]]:
+        last = checkpoints.last_committed(self.context.spark, self.checkpoint)
+        if last is None:
+            return {}
+        return checkpoints.logged_topics(self.context.spark, self.checkpoint, last) or {}
+
+    def failure(self) -> str | None:
+        """Why the query is not running (it failed, or could not start), or None."""
+        if self.start_error is not None:
+            return self.start_error
+        query = self.query
+        if query is not None and not query.isActive:
+            error = query.exception()
+            if error is not None:
+                return short_error(error)
+        return None
+
+    def batch_active(self) -> bool:
+        query = self.query
+        return query is not None and query.isActive and bool(query.status.get("isTriggerActive"))
+
+    def stop(self) -> None:
+        self.closing = True
+        query = self.query
+        if query is not None and query.isActive:
+            query.stop()
+
+    # -- micro-batches -------------------------------------------------------------------------------------------
+    def handle_batch(self, batch_df, batch_id: int) -> None:
+        """`foreachBatch`: each topic with records in the batch delivers its range, all at the same time."""
+        self._started.wait()
+        if self.closing:  # its rows stay behind every frontier: the next read (or catch-up) reads them again
+            log.info("micro-batch %d: not delivered, the read is being stopped", batch_id)
+            return
+        spark = self.context.spark
+        ends = checkpoints.logged_topics(spark, self.checkpoint, batch_id)
+        if ends is None:
+            raise RuntimeError(f"micro-batch {batch_id} is not in {self.checkpoint}/offsets")
+        previous = checkpoints.logged_topics(spark, self.checkpoint, batch_id - 1) if batch_id > 0 else None
+        rounds = []
+        for topic, pipeline in self.pipelines.items():
+            if topic not in ends:
+                if topic not in self.gone:
+                    log.error("%s is not read any more (deleted from Kafka?): it leaves the shared read", topic)
+                self.gone[topic] = f"Kafka topic(s) do not exist: {topic} (no longer in the source's offsets)"
+                continue
+            before = None if previous is None else previous.get(topic, {})
+            first = self._first_start.get(topic) if self._first_start is not None and batch_id == 0 else None
+            ranges = checkpoints.ranges_between(ends[topic], before, first)
+            if any(start < end for start, end in ranges.values()):
+                rounds.append((pipeline, ranges))
+            else:  # nothing of it in this batch (nor, if it replays one, in the batch it replays)
+                pipeline.passed()
+        shared = len(rounds) > 1
+        if shared:  # each topic reads its rows from the batch kept once, not from Kafka again
+            batch_df = batch_df.persist()
+        try:
+            if len(rounds) == 1:
+                pipeline, ranges = rounds[0]
+                self._deliver(pipeline, batch_df, batch_id, ranges, filtered=False)
+            elif rounds:
+                workers = min(len(rounds), MAX_TOPIC_ROUNDS)
+                with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="herald-topic") as pool:
+                    list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], filtered=shared),
+                                  rounds))
+        finally:
+            if shared:
+                batch_df.unpersist()
+        self.healthy = True
+
+    def _deliver(self, pipeline, batch_df, batch_id: int, ranges, filtered: bool) -> None:
+        """One topic's round of the batch. A round that fails leaves its subscriptions behind the frontier: they
+        catch up on the range (read again), and the other topics' rounds are not affected."""
+        try:
+            rows = batch_df.where(F.col("topic") == pipeline.kafka_topic) if filtered else batch_df
+            pipeline.deliver_batch(rows, batch_id, ranges)
+        except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
+            pipeline.round_error = short_error(error)
+            log.exception("%s micro-batch %d failed; its subscriptions catch up on it", pipeline.kafka_topic,
+                          batch_id)
