@@ -602,9 +602,9 @@ def run_herald(args) -> dict:
     batch_times: list[dict] = []
     deliver_batch = TopicPipeline.deliver_batch
 
-    def timed_deliver_batch(self, batch_df, batch_id, ranges):
+    def timed_deliver_batch(self, batch_df, batch_id, ranges, writer):
         began = time.perf_counter()
-        deliver_batch(self, batch_df, batch_id, ranges)
+        deliver_batch(self, batch_df, batch_id, ranges, writer)
         batch_times.append({"batch_id": batch_id, "start": began - run_started,
                             "handle_s": time.perf_counter() - began})
 

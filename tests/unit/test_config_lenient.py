@@ -115,6 +115,19 @@ def test_duplicates_leave_out_the_later_file(tmp_path):
     assert result.invalid_file_of("shop.orders.billing") is None  # a valid file defines it
 
 
+def test_two_topics_on_one_kafka_topic_leave_out_the_later_file(tmp_path):
+    """One read serves every topic of a job, keyed by Kafka topic: a second topic reading the same Kafka topic
+    (through `kafkaTopic:`) would never be delivered, so it is refused, naming both files."""
+    mirror = TOPIC.replace("name: shop.orders", "name: shop.mirror") + "kafkaTopic: shop.orders\n"
+    conf = write_conf(tmp_path, topics={"a": TOPIC, "b": mirror})
+    result = load_config_lenient(conf)
+    assert list(result.config.topics) == ["shop.orders"]
+    assert strings(result) == ["conf/topics/b.yaml: kafkaTopic: topic shop.mirror reads Kafka topic shop.orders, "
+                               "which topic shop.orders (conf/topics/a.yaml) reads already: one topic per Kafka topic"]
+    with pytest.raises(ConfigError, match="one topic per Kafka topic"):
+        load_config(conf)
+
+
 def test_unsupported_features_are_left_out_too(tmp_path):
     conf = write_conf(tmp_path, subscriptions={"billing": SUBSCRIPTION + "deliveryType: BATCH\nmode: BROADCAST\n",
                                                "audit": OTHER})

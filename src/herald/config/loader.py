@@ -219,12 +219,20 @@ def _load(conf_dir: Path | str, lenient: bool) -> LoadResult:
     topics: dict[str, Topic] = {}
     schemas: dict[str, str] = {}
     invalid_topics: dict[Path, str | None] = {}  # invalid topic file -> the topic name it names, if readable
+    readers: dict[str, tuple[str, Path]] = {}  # Kafka topic -> (the topic reading it, its file)
     for path in yaml_files(conf_dir / TOPICS_DIR):
         found: list[Problem] = []
         topic = load_file(path, Topic, shown, found)
         if topic is not None:
             if topic.name in topics:
                 found.append(Problem(shown(path), "name", f"topic {topic.name} is defined twice"))
+            elif topic.kafka_topic in readers:
+                other, other_path = readers[topic.kafka_topic]
+                found.append(Problem(shown(path), "kafkaTopic" if topic.kafkaTopic else "name",
+                                     f"topic {topic.name} reads Kafka topic {topic.kafka_topic}, which topic {other} "
+                                     f"({shown(other_path)}) reads already: one topic per Kafka topic"))
+            else:
+                readers[topic.kafka_topic] = (topic.name, path)
             schema: dict[str, str] = {}
             found.extend(check_topic(topic, conf_dir, settings, shown(path), schema))
             if not found or not lenient:

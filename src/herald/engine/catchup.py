@@ -26,6 +26,7 @@ from herald.engine.context import now_ms
 from herald.engine.positions import Lost, behind, catch_up_ranges, earliest
 from herald.engine.rounds import CATCHUP, RoundResult
 from herald.engine.state import SubscriptionState
+from herald.engine.supervision import short_error
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import read_kafka_range
 
@@ -59,9 +60,13 @@ class CatchUp:
         while not self._stop.is_set():
             try:
                 worked = self.round()
+                if worked:
+                    self.pipeline.round_succeeded()
             except Exception as error:  # noqa: BLE001 - logged; the subscriptions stay behind and are retried
                 log.exception("%s: catch-up round failed", self.pipeline.kafka_topic)
                 self.error = error
+                self.pipeline.failed_rounds += 1
+                self.pipeline.round_error = f"catch-up: {short_error(error)}"
                 worked = False
                 self._stop.wait(2.0)
             if not worked:

@@ -5,8 +5,9 @@ Python source) and one checkpoint for the whole job, subscribed to the list of i
 end offsets are logged per topic in the checkpoint; each topic's pipeline (`TopicPipeline.deliver_batch`)
 delivers its own range of the batch to its own subscriptions, at the same time as the other topics do theirs
 (a thread each, at most `MAX_TOPIC_ROUNDS`). When several topics have records in a batch, the batch's rows are
-kept once (persisted) and each topic reads its rows from there. A topic with nothing new in a batch costs
-nothing.
+read once into Spark's cache (a failure there fails the query: `Topics` finds the topic to blame) and each topic
+reads its rows from there. A topic with nothing new in a batch costs nothing. A topic's round that fails leaves
+its subscriptions behind the frontier, to catch up on that range, and the other topics' rounds go on.
 
 The set of topics read is fixed for a query. When it changes (a topic added, removed or edited, a topic that
 failed and left the read, or came back), `Topics` stops this read after the micro-batch in progress and
@@ -65,8 +66,12 @@ class SharedRead:
         self.healthy = False  # completed a micro-batch since it started
         self.closing = False  # a micro-batch starting from now on delivers nothing (the read is being replaced)
         self.gone: dict[str, str] = {}  # Kafka topic -> why it is not read any more (deleted from Kafka)
+        self.failure_handled = False  # `Topics` has dealt with this read's failure
+        self.writers: dict[str, str] = {}  # Kafka topic -> its rounds' writer: stream:<query id>:<kafka topic>
         self._first_start: dict[str, dict[int, int]] | None = None
         self._started = threading.Event()
+        self._idle = threading.Event()  # no micro-batch is being delivered
+        self._idle.set()
 
     # -- starting and stopping ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -96,8 +101,8 @@ class SharedRead:
         else:
             writer = writer.trigger(processingTime=settings.streaming.triggerInterval)
         self.query = writer.start()
-        for topic, pipeline in self.pipelines.items():  # the checkpoint's query id: the same after a restart
-            pipeline.writer = f"stream:{self.query.id}:{topic}"
+        # the checkpoint's query id: the same after a restart (set before the first micro-batch reads it)
+        self.writers = {topic: f"stream:{self.query.id}:{topic}" for topic in self.pipelines}
         self._started.set()
         log.info("one query reads %d topic(s) for %d subscription(s)%s", len(self.kafka_topics),
                  sum(len(p.states) for p in self.pipelines.values()),
@@ -120,11 +125,13 @@ class SharedRead:
                 return short_error(error)
         return None
 
-    def batch_active(self) -> bool:
-        query = self.query
-        return query is not None and query.isActive and bool(query.status.get("isTriggerActive"))
+    def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait until no micro-batch is being delivered (None: as long as it takes); False at the timeout."""
+        return self._idle.wait(timeout_s)
 
     def stop(self) -> None:
+        """Deliver no micro-batch from now on and stop the query (a topic's round in progress goes on: wait for
+        it with `wait_idle` first)."""
         self.closing = True
         query = self.query
         if query is not None and query.isActive:
@@ -134,9 +141,17 @@ class SharedRead:
     def handle_batch(self, batch_df, batch_id: int) -> None:
         """`foreachBatch`: each topic with records in the batch delivers its range, all at the same time."""
         self._started.wait()
-        if self.closing:  # its rows stay behind every frontier: the next read (or catch-up) reads them again
-            log.info("micro-batch %d: not delivered, the read is being stopped", batch_id)
-            return
+        self._idle.clear()
+        try:
+            if self.closing:  # its rows stay behind every frontier: the next read (or catch-up) reads them again
+                log.info("micro-batch %d: not delivered, the read is being stopped", batch_id)
+                return
+            self._deliver_all(batch_df, batch_id)
+            self.healthy = True
+        finally:
+            self._idle.set()
+
+    def _deliver_all(self, batch_df, batch_id: int) -> None:
         spark = self.context.spark
         ends = checkpoints.logged_topics(spark, self.checkpoint, batch_id)
         if ends is None:
@@ -149,37 +164,41 @@ class SharedRead:
                     log.error("%s is not read any more (deleted from Kafka?): it leaves the shared read", topic)
                 self.gone[topic] = f"Kafka topic(s) do not exist: {topic} (no longer in the source's offsets)"
                 continue
-            before = None if previous is None else previous.get(topic, {})
+            before = None if previous is None else previous.get(topic)  # not logged: its start is unknown
             first = self._first_start.get(topic) if self._first_start is not None and batch_id == 0 else None
             ranges = checkpoints.ranges_between(ends[topic], before, first)
             if any(start < end for start, end in ranges.values()):
                 rounds.append((pipeline, ranges))
             else:  # nothing of it in this batch (nor, if it replays one, in the batch it replays)
-                pipeline.passed()
+                pipeline.passed(ranges)
+        filtered = len(self.pipelines) > 1
         shared = len(rounds) > 1
-        if shared:  # each topic reads its rows from the batch kept once, not from Kafka again
+        if shared:  # read from Kafka once, here (a failure fails the query), then each topic from the cache
             batch_df = batch_df.persist()
+            batch_df.count()
         try:
             if len(rounds) == 1:
                 pipeline, ranges = rounds[0]
-                self._deliver(pipeline, batch_df, batch_id, ranges, filtered=False)
+                self._deliver(pipeline, batch_df, batch_id, ranges, filtered)
             elif rounds:
                 workers = min(len(rounds), MAX_TOPIC_ROUNDS)
                 with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="herald-topic") as pool:
-                    list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], filtered=shared),
+                    list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], filtered),
                                   rounds))
         finally:
             if shared:
                 batch_df.unpersist()
-        self.healthy = True
 
     def _deliver(self, pipeline, batch_df, batch_id: int, ranges, filtered: bool) -> None:
         """One topic's round of the batch. A round that fails leaves its subscriptions behind the frontier: they
-        catch up on the range (read again), and the other topics' rounds are not affected."""
+        catch up on the range, and the other topics' rounds are not affected. A round not started when the read
+        is being stopped is not started: the next read starts the topic at its frontier, before this range."""
+        if self.closing:
+            return
         try:
             rows = batch_df.where(F.col("topic") == pipeline.kafka_topic) if filtered else batch_df
-            pipeline.deliver_batch(rows, batch_id, ranges)
+            pipeline.deliver_batch(rows, batch_id, ranges, self.writers[pipeline.kafka_topic])
         except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
-            pipeline.round_error = short_error(error)
             log.exception("%s micro-batch %d failed; its subscriptions catch up on it", pipeline.kafka_topic,
                           batch_id)
+            pipeline.round_failed(ranges, short_error(error))

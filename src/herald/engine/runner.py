@@ -193,7 +193,8 @@ class Runner:
             if self.exporter is not None:
                 self.exporter.know(config.active_subscriptions(self.only))
             self.retries.set_active(config.active_subscriptions(self.only))
-            self._publish_control()
+            self._publish_control()  # the rounds in progress learn of the change before the read is replaced
+            self.topics.regroup()  # topics added, removed or edited: the read reads the new set
             self.config_generation += 1
 
     # -- running ----------------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ class Runner:
         self._stop.set()
 
     def _done(self) -> bool:
-        """--once: every query has read what was there at the start, every subscription has caught up (or is
+        """--once: the read has read what was there at its start, every subscription has caught up (or is
         held at a message an ordered subscription keeps retrying), every message parked before the start and
         due has been tried again, and the tables are written. Topics given up do not count."""
         deadline_s = self.config.settings.streaming.batch_deadline_s
@@ -270,10 +271,14 @@ class Runner:
             if any(name not in given_up for name in self.topics.unstarted()):
                 return False
             pipelines = [(name, p) for name, p in self.pipelines.items() if name not in given_up]
-        for name, pipeline in pipelines:
-            if self.supervisor.failing(name) or pipeline.failure() is not None:
+            read = self.topics.read
+        if pipelines:  # the read of every topic left has read what was there at its start
+            if read is None or read.failure() is not None or read.query is None or read.query.isActive:
                 return False
-            if pipeline.query is None or pipeline.query.isActive:
+            if any(read.pipelines.get(pipeline.kafka_topic) is not pipeline for _, pipeline in pipelines):
+                return False  # a topic not read yet: the read is replaced at the next `supervise`
+        for name, pipeline in pipelines:
+            if self.supervisor.failing(name):
                 return False
             with pipeline.lock:
                 for state in pipeline.states.values():

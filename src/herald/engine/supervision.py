@@ -1,11 +1,12 @@
-"""Keeping every topic going: a topic whose query failed (or could not start) is restarted alone, with backoff.
+"""Keeping every topic going: a topic that failed (or could not start) is started again alone, with backoff.
 
-A topic's streaming query can fail for reasons of its own (its Kafka topic deleted, a Python worker that did
-not connect back under load, a lost broker connection) or fail to start (its topic not created yet, Kafka not
-reachable). Its subscriptions' positions are in the offsets table and its query's in its checkpoint, so
-nothing is lost: the query is started again from its checkpoint after 1 s, then 2, 4, ... up to 60 s between
-tries, and the other topics go on meanwhile. A restarted query that completes a micro-batch has recovered: its
-next failure starts the backoff again from 1 s.
+A topic can fail for reasons of its own (its Kafka topic deleted) or fail to start (its topic not created yet,
+Kafka not reachable); the job's shared read can fail for reasons of none of its topics (a Python worker that did
+not connect back under load, a lost broker connection). Subscriptions' positions are in the offsets table and
+the read's in its checkpoint, so nothing is lost: the topic (or the read, for each of its topics) is started
+again after 1 s, then 2, 4, ... up to 60 s between tries, and the other topics go on meanwhile
+(`herald.engine.topics`). A read started again that completes a micro-batch has recovered: its next failure
+starts the backoff again from 1 s.
 
 With `--once` a topic is given up after `ONCE_RESTARTS` restarts that failed again: the run finishes every
 other topic and ends with exit code 1, naming the topics it could not finish and why.
@@ -58,6 +59,10 @@ class QuerySupervisor:
                                given_up=self.once and streak > self.once_restarts)
         self._failures[topic] = failure
         return failure
+
+    def give_up(self, topic: str, error: str) -> None:
+        """(--once) The topic's rounds keep failing while its read runs: the run finishes without it."""
+        self._failures[topic] = TopicFailure(error, self._streak.get(topic, 0) + 1, self.clock(), given_up=True)
 
     def due(self, topic: str) -> bool:
         """True when a failed topic is to be started again now."""

@@ -52,10 +52,10 @@ class TopicPipeline:
         self.batch_in_progress = False
         self._moved: list = []  # (move, subscription, carried keys it dropped): written after the round's rows
         self.read = None  # the shared read (herald.engine.read.SharedRead) reading the topic now, if any
-        self.writer = ""  # the read's rounds' writer for this topic: stream:<query id>:<kafka topic>
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
         self.catchup = CatchUp(self)  # started by `Topics`
-        self.round_error: str | None = None  # why its last round of a micro-batch failed (it catches up on it)
+        self.round_error: str | None = None  # why its last round failed (its subscriptions catch up on it)
+        self.failed_rounds = 0  # its rounds (micro-batch or catch-up) that failed since one succeeded
         self.healthy = False  # delivered a micro-batch since it joined its read
         self.stopping = False  # the job is stopping (or the topic leaves it): a micro-batch delivers nothing
 
@@ -163,18 +163,33 @@ class TopicPipeline:
                 if not state.busy:  # a round delivering it (catch-up, on a restart) sets it when it ends
                     state.catching_up = behind(state.positions, self.frontier)
 
-    def passed(self) -> None:
-        """A micro-batch of the read had nothing of this topic: the next one is not a replay for it."""
+    def passed(self, ranges: dict[int, tuple[int, int]]) -> None:
+        """A micro-batch of the read had nothing of this topic to deliver (`ranges` empty): the read is at their
+        end (a replayed batch whose start is unknown: subscriptions behind it catch up), and the next batch is
+        not a replay for it."""
+        with self.lock:
+            self._set_frontier(ranges)
         self._replay_possible = False
 
-    def deliver_batch(self, batch_df, batch_id: int, ranges: dict[int, tuple[int, int]]) -> None:
+    def round_failed(self, ranges: dict[int, tuple[int, int]], error: str) -> None:
+        """Its round of a micro-batch failed: the read is past `ranges` anyway; the subscriptions that did not
+        record them are behind and catch up on them."""
+        with self.lock:
+            self._set_frontier(ranges)
+        self.round_error = error
+        self.failed_rounds += 1
+
+    def round_succeeded(self) -> None:
+        self.failed_rounds = 0
+
+    def deliver_batch(self, batch_df, batch_id: int, ranges: dict[int, tuple[int, int]], writer: str) -> None:
         """Deliver the topic's `ranges` (partition -> [start, end)) of the read's micro-batch `batch_id` (its rows:
-        `batch_df`) to the subscriptions at the read's position."""
+        `batch_df`) to the subscriptions at the read's position; its rows are written as `writer`'s."""
         if self.stopping:  # its rows stay behind every position: the next run (or catch-up) reads them again
             log.info("%s batch %d: not delivered, the job is stopping", self.kafka_topic, batch_id)
             return
         context = self.context
-        if self._replay_possible and self._recorded_before(batch_id):
+        if self._replay_possible and self._recorded_before(batch_id, writer):
             # written whole before a crash or a stop that came before Spark's commit: its subscriptions are past
             # it (those that are not catch up); delivering it again would replace its rows with an empty round's
             log.info("%s batch %d: recorded before the restart; not delivered again", self.kafka_topic, batch_id)
@@ -190,7 +205,7 @@ class TopicPipeline:
                     state.positions.setdefault(partition, 0)
                 state.topic_end = ends
             subscriptions = self.subscriptions
-            participants = self._participants(subscriptions, ranges)
+            participants = self._participants(subscriptions, ranges)  # marked busy: `apply` frees them
             self.batch_in_progress = True
         results: list[SubscriptionOutcome] = []
         try:
@@ -208,10 +223,11 @@ class TopicPipeline:
                 self._set_frontier(ranges)
                 self.batch_in_progress = False
             steps.release_pins(context, participants, results)
-        steps.record(context, RoundResult(STREAM, self.writer, batch_id, self.kafka_topic, context.cluster, results),
+        steps.record(context, RoundResult(STREAM, writer, batch_id, self.kafka_topic, context.cluster, results),
                      time.monotonic() - started, stamp, possible_replay=self._replay_possible, park=self.retries.park)
         self._replay_possible = False
         self.healthy = True
+        self.round_succeeded()
         self.flush_moves()
         if self.catchup is not None:
             self.catchup.wake()
@@ -228,12 +244,12 @@ class TopicPipeline:
             if not state.busy and not state.catching_up and behind(state.positions, self.frontier):
                 state.catching_up = True
 
-    def _recorded_before(self, batch_id: int) -> bool:
+    def _recorded_before(self, batch_id: int, writer: str) -> bool:
         """True when the offsets table holds this query's positions for micro-batch `batch_id` (written last of a
         round's tables: the whole round was recorded), or when this process handed that round to the table
         writer and it is not written yet (a query restarted within storage.commitIntervalMs of the round: its
         replay would deliver nothing, and its empty slice would replace the round's PARKED and undelivered rows)."""
-        part = Slice(self.writer, batch_id)
+        part = Slice(writer, batch_id)
         if self.context.writer.holds(part):  # asked first: once it says False, the commit is visible
             return True
         return self.context.store.sql(OFFSETS, f"SELECT * FROM {OFFSETS} WHERE {part.predicate} LIMIT 1").num_rows > 0
@@ -250,7 +266,12 @@ class TopicPipeline:
                 continue
             state.busy = True
             chosen.append((index, state))
-        return steps.participants(self.context, chosen, self.retries.parked_count)
+        try:
+            return steps.participants(self.context, chosen, self.retries.parked_count)
+        except BaseException:  # no round: they are free again (and behind the frontier the caller sets)
+            for _, state in chosen:
+                state.busy = False
+            raise
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
     def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> int:

@@ -15,6 +15,7 @@ applied here, to running and resting subscriptions alike, and recorded applied.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -26,9 +27,9 @@ from herald.engine.moves import applied_tables
 from herald.engine.read import SharedRead, read_root
 from herald.engine.rounds import moved_rows
 from herald.engine.state import StateBook, SubscriptionState
-from herald.engine.supervision import QuerySupervisor, short_error
+from herald.engine.supervision import ONCE_RESTARTS, QuerySupervisor, short_error
 from herald.engine.topic import TopicPipeline
-from herald.source.kafka_offsets import OffsetClient, partition_watermarks
+from herald.source.kafka_offsets import OffsetClient, UnknownTopicError, partition_watermarks
 from herald.storage import Slice
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ class Topics:
 
     def supervise(self) -> None:
         """Notice a failed read or a topic gone from it, take the topics that caused it out of the read (they are
-        started again alone, with backoff), start again what is due, and regroup the read when its set changed."""
+        started again alone, with backoff), start again what is due, and regroup the read when its set changed.
+        With `--once`, a topic whose rounds keep failing (`ONCE_RESTARTS` in a row) is given up."""
         with self.lock:
             read = self.read
             if read is not None:
@@ -164,11 +166,18 @@ class Topics:
                     if name is not None:
                         self._leave(name, why)
                 error = read.failure()
-                if error is not None and not any(self.supervisor.failing(name) for name in self._read_names()):
+                if error is not None and not read.failure_handled:
+                    read.failure_handled = True
                     self._read_failed(error)
                 elif error is None and read.healthy:
                     for name in self._read_names():
                         self.supervisor.recovered(name)
+            if self.context.once:
+                for name, pipeline in self.pipelines.items():
+                    if pipeline.failed_rounds > ONCE_RESTARTS and name not in self.supervisor.given_up():
+                        log.error("%s: %d rounds in a row failed (%s); this run gives it up and finishes the other "
+                                  "topics", name, pipeline.failed_rounds, pipeline.round_error)
+                        self.supervisor.give_up(name, pipeline.round_error or "its rounds failed")
             for topic_name, subscriptions in list(self._unstarted.items()):
                 if self.supervisor.due(topic_name):
                     self.supervisor.restarted(topic_name)
@@ -176,12 +185,10 @@ class Topics:
                         log.info("%s started: it joins the read", topic_name)
             given_up = self.supervisor.given_up()
             names = [name for name in self._read_names() if name not in given_up]
-            if names and self.read is not None and self.read.failure() is not None:
-                if all(self.supervisor.due(name) for name in names):
-                    for name in names:
-                        self.supervisor.restarted(name)
-                    self.regroup(again=True)
-                    return
+            if names and self.read is not None and self.read.failure() is not None and all(
+                    self.supervisor.due(name) or self.supervisor.failing(name) is None for name in names):
+                self.regroup(again=True)
+                return
             self.regroup()
 
     def _read_names(self) -> list[str]:
@@ -197,20 +204,28 @@ class Topics:
         return next((name for name in self._read_names() if self.pipelines[name].kafka_topic == kafka_topic), None)
 
     def _read_failed(self, error: str) -> None:
-        """(lock held) The read's query failed: a topic Kafka does not know any more leaves the read (started
-        again alone, with backoff), and the others are read again at once; when no topic is to blame, every topic
-        of the read waits for the backoff."""
-        blamed = {}
-        for name in self._read_names():
-            kafka_topic = self.pipelines[name].kafka_topic
-            try:
-                partition_watermarks(self.context.client_config, [kafka_topic], 5.0)
-            except Exception as probe:  # noqa: BLE001 - this topic is the one that fails
-                blamed[name] = short_error(probe)
-        for name, why in blamed.items():
-            self._leave(name, f"{why} (the read failed: {error})")
+        """(lock held) The read failed (or could not start): the topics Kafka does not know (one metadata request
+        for all), or the only ones the error names, leave the read (started again alone, with backoff) and the
+        others are read again at once; when no topic is to blame (a lost broker, a Python worker), every topic of
+        the read waits for the backoff and the read starts again from its checkpoint."""
+        names = self._read_names()
+        by_kafka_topic = {self.pipelines[name].kafka_topic: name for name in names}
+        blamed: dict[str, str] = {}
+        try:
+            partition_watermarks(self.context.client_config, list(by_kafka_topic), 10.0)
+        except UnknownTopicError as unknown:
+            blamed = {by_kafka_topic[t]: short_error(unknown) for t in unknown.missing if t in by_kafka_topic}
+        except Exception:  # noqa: BLE001 - Kafka cannot say (down?): no topic is blamed for it
+            pass
         if not blamed:
-            for name in self._read_names():
+            named = [name for kafka_topic, name in by_kafka_topic.items() if re.search(
+                rf"(?<![\w.-]){re.escape(kafka_topic)}(?![\w.])", error)]
+            if 0 < len(named) < len(names):
+                blamed = {name: error for name in named}
+        for name, why in blamed.items():
+            self._leave(name, why if why == error else f"{why} (the read failed: {error})")
+        if not blamed:
+            for name in names:
                 self.topic_failed(name, error)
 
     def _leave(self, topic_name: str, why: str) -> None:
@@ -224,9 +239,9 @@ class Topics:
 
     def regroup(self, again: bool = False) -> None:
         """(lock held) Make the read read every topic in `pipelines`: when the set differs from the read's (or
-        `again`: the same set after a failure, from its checkpoint), stop the read after its micro-batch in
-        progress and start one over the set; nothing when the set is the read's. A read that cannot start is
-        tried again by `supervise`, with backoff. A topic `--once` gave up is not read again."""
+        `again`: the same set after a failure, from its checkpoint), stop the read once its micro-batch in
+        progress is delivered and start one over the set; nothing when the set is the read's. A read that cannot
+        start is dealt with by `supervise`. A topic `--once` gave up is not read again."""
         given_up = self.supervisor.given_up()
         wanted = {pipeline.kafka_topic: pipeline for name, pipeline in self.pipelines.items() if name not in given_up}
         current = self.read
@@ -236,7 +251,7 @@ class Topics:
         if current is None and not wanted:
             return
         if current is not None:
-            self._stop_read(current, self.context.config.settings.streaming.batch_deadline_s)
+            self._stop_read(current, None)
             self.read = None
         if not wanted:
             return
@@ -247,35 +262,49 @@ class Topics:
         self._read_once = True
         try:
             read.start()
-        except Exception as error:  # noqa: BLE001 - started again by `supervise`, with backoff
+        except Exception as error:  # noqa: BLE001 - `supervise` finds whom to blame, or backs off
             read.start_error = short_error(error)
-            for name in self._read_names():
-                self.topic_failed(name, error)
+            log.error("the read of %d topic(s) could not start: %s", len(wanted), read.start_error)
             return
+        for name in self._read_names():  # a failure before this read is over (a read failed, or a topic)
+            if name not in given_up:
+                self.supervisor.restarted(name)
         self._forget_other_checkpoints(read.checkpoint)
 
     def _forget_other_checkpoints(self, keep: str) -> None:
-        """Other reads' checkpoints are stale once this one runs (positions are the offsets table)."""
-        root = read_root(self.context.config.storage_path)
-        for name in checkpoints.children(self.context.spark, root):
-            path = f"{root}/{name}"
-            if path != keep:
-                checkpoints.remove(self.context.spark, path)
+        """Other reads' checkpoints are stale once this one runs (positions are the offsets table), and so are
+        the per-topic ones of Herald before the shared read (`<storage>/checkpoints/topics`)."""
+        spark, storage = self.context.spark, self.context.config.storage_path
+        root = read_root(storage)
+        try:
+            stale = [f"{root}/{name}" for name in checkpoints.children(spark, root) if f"{root}/{name}" != keep]
+            for path in [*stale, f"{storage.rstrip('/')}/checkpoints/topics"]:
+                checkpoints.remove(spark, path)
+        except Exception as error:  # noqa: BLE001 - a stale checkpoint costs space only; tried at the next read
+            log.warning("could not delete stale checkpoints under %s: %s", root, short_error(error))
 
     def stop_read(self, grace_s: float) -> None:
-        """(the job stops) Let the read's micro-batch in progress finish, up to `grace_s`, and stop it."""
+        """(the job stops) Let the read's micro-batch in progress be delivered, up to `grace_s`, and stop it."""
         with self.lock:
             read = self.read
         if read is not None:
             self._stop_read(read, grace_s)
 
-    @staticmethod
-    def _stop_read(read: SharedRead, grace_s: float) -> None:
-        read.closing = True  # a micro-batch starting from now on delivers nothing: it is not cut midway
-        deadline = time.monotonic() + grace_s
-        while read.batch_active() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        read.stop()
+    def _stop_read(self, read: SharedRead, grace_s: float | None) -> None:
+        """Deliver no new micro-batch (nor a topic's round not started yet), wait for the rounds in progress (as
+        long as they take when `grace_s` is None: a new read must not start beside them) and stop the query."""
+        read.closing = True
+        patience_s = self.context.config.settings.streaming.batch_deadline_s
+        waited_s = 0.0
+        while not read.wait_idle(patience_s if grace_s is None else max(0.0, grace_s - waited_s)):
+            waited_s += patience_s
+            if grace_s is not None:
+                break
+            log.warning("waiting for the micro-batch in progress to be delivered (%.0f s so far)", waited_s)
+        try:
+            read.stop()
+        except Exception as error:  # noqa: BLE001 - stopped or failed: either way it reads nothing more
+            log.warning("stopping the read: %s", short_error(error))
 
     def wake_catchups(self) -> None:
         """Let every topic's catch-up look for work now (a held subscription may deliver again)."""
@@ -338,7 +367,6 @@ class Topics:
                     self.book.joined(joiners[subscription.id])
                     pipeline.add(joiners[subscription.id])
                     log.info("%s: now delivered", subscription.id)
-        self.regroup()  # topics added, removed or edited: the read reads the new set
 
     def _delivered(self, subscription_id: str) -> bool:
         return any(subscription_id in pipeline.states for pipeline in self.pipelines.values())
