@@ -200,6 +200,8 @@ def test_client_errors_retried_timeouts_and_backoff_gaps_through_spark(broker, s
 
     config = load_config(conf)
     metrics = readout.metrics(config, config.subscription(f"{topic_name}.strict"))
-    assert (metrics["delivered"], metrics["discarded"], metrics["timeouts"]) == (5, 0, 1)
+    assert (metrics["delivered"], metrics["discarded"]) == (5, 0)
+    # message 3's first answer (900 ms) outlasts the 300 ms timeout; on a loaded machine another answer may too
+    assert metrics["timeouts"] >= 1
     plain_metrics = readout.metrics(config, config.subscription(f"{topic_name}.plain"))
     assert (plain_metrics["delivered"], plain_metrics["discarded"]) == (2, 3)
