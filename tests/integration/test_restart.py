@@ -1,5 +1,6 @@
-"""Kill the delivery job at any moment and restart it: every message is delivered at least once (or is in the
-undelivered table). Also: the spark-submit entry point does what `herald run` does."""
+"""Kill the delivery job mid-batch and restart it: every message is delivered at least once. (The restart tests
+are one file each, so that pytest's workers can run them side by side: test_restart_catch_up.py,
+test_restart_ctrl_c.py; the spark-submit entry point is test_spark_submit_entry.py.)"""
 
 from __future__ import annotations
 
@@ -7,17 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.support.herald_env import produce, wait_until, write_conf, write_subscription
-from tests.support.subscriber import Reply, ScriptedSubscriber, scripted_reply
+from tests.support.herald_env import produce, wait_until, write_conf
+from tests.support.subscriber import Reply, ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def herald(*args: str) -> list[str]:
@@ -45,82 +42,3 @@ def test_kill_mid_batch_and_restart_loses_nothing(broker, topic_name, tmp_path):
                                  timeout=300)
         assert restart.returncode == 0, restart.stderr[-3000:]
     assert sub.delivered_ids() == set(range(60))
-
-
-def test_kill_during_catch_up_with_parked_retries_and_restart_loses_nothing(broker, topic_name, tmp_path):
-    """A subscription added with `earliest` behind the topic's query catches up on its own; kill -9 while it
-    does (one message being retried, perhaps parked), restart: it gets everything, the other one nothing twice."""
-    broker.create_topics({topic_name: 2})
-    documents = [{"i": i, **({"replies": [[500], [500], [500], [200]]} if i == 5 else {})} for i in range(60)]
-    produce(broker.bootstrap_servers, topic_name, documents)
-    def respond(request):  # message 5 fails three times at each endpoint; the late subscriber is slow
-        reply = scripted_reply(request)
-        return Reply(delay_ms=30) if request.path == "/late" and reply.status == 200 else reply
-
-    with ScriptedSubscriber(respond) as sub:
-        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"first": {"endpoint": sub.url + "/first"}},
-                          settings={"streaming": {"maxOffsetsPerTrigger": 12, "parkAfterMs": 300}})
-        first = subprocess.run(herald("run", "--conf", str(conf), "--once"), capture_output=True, text=True,
-                               timeout=300)
-        assert first.returncode == 0, first.stderr[-3000:]
-        write_subscription(conf, topic_name, "late", {"endpoint": sub.url + "/late", "subscriptionPolicy": {
-            "inflightSize": 2, "messageBackoff": 400}})
-
-        def late() -> list:
-            return [r for r in list(sub.requests) if r.path == "/late"]
-
-        job = subprocess.Popen(herald("run", "--conf", str(conf)), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            assert wait_until(lambda: len(late()) >= 15, timeout_s=180), job.stderr.read1().decode()
-        finally:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-        assert len({r.json()["i"] for r in late()}) < 60, "killed while catching up"
-        restart = subprocess.run(herald("run", "--conf", str(conf), "--once"), capture_output=True, text=True,
-                                 timeout=300)
-        assert restart.returncode == 0, restart.stderr[-3000:]
-        if "parked for retry" in restart.stdout:  # the last of message 5's retries was not due yet: once more
-            time.sleep(1.5)
-            again = subprocess.run(herald("run", "--conf", str(conf), "--once"), capture_output=True, text=True,
-                                   timeout=300)
-            assert again.returncode == 0, again.stderr[-3000:]
-    delivered = {}
-    for request, ok in zip(sub.requests, sub._ok):
-        if ok:
-            delivered.setdefault(request.path, []).append(request.json()["i"])
-    assert set(delivered["/late"]) == set(range(60))
-    assert sorted(delivered["/first"]) == list(range(60)), "the first subscription got nothing twice"
-
-
-def test_spark_submit_entry_point(broker, topic_name, tmp_path):
-    broker.create_topics({topic_name: 2})
-    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(8)])
-    spark_submit = Path(sys.executable).with_name("spark-submit")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    with ScriptedSubscriber() as sub:
-        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"job": {"endpoint": sub.url}})
-        result = subprocess.run([str(spark_submit), "--master", "local[2]", str(REPO / "jobs" / "deliver.py"),
-                                 "--conf", str(conf), "--once"], capture_output=True, text=True, env=env, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-    assert sub.delivered_ids() == set(range(8))
-
-
-def test_ctrl_c_stops_cleanly_and_the_rest_follows_on_restart(broker, topic_name, tmp_path):
-    broker.create_topics({topic_name: 2})
-    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(30)])
-    with ScriptedSubscriber(lambda request: Reply(delay_ms=50)) as sub:
-        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name,
-                          {"c": {"endpoint": sub.url, "subscriptionPolicy": {"inflightSize": 2}}},
-                          settings={"streaming": {"maxOffsetsPerTrigger": 6}})
-        job = subprocess.Popen(herald("run", "--conf", str(conf)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-        assert wait_until(lambda: len(sub.requests) >= 5, timeout_s=180)
-        job.send_signal(signal.SIGINT)
-        output, _ = job.communicate(timeout=120)
-        assert job.returncode == 0, output[-3000:]
-        assert "Traceback" not in output
-        restart = subprocess.run(herald("run", "--conf", str(conf), "--once"), capture_output=True, text=True,
-                                 timeout=300)
-        assert restart.returncode == 0, restart.stderr[-3000:]
-    assert sub.delivered_ids() == set(range(30))

@@ -96,8 +96,10 @@ def test_localhost_is_verified_by_its_name_too(transport_kind, pki):
 @pytest.mark.parametrize("trusted", ["default CAs", "another CA"])
 def test_an_untrusted_certificate_is_retried_then_undelivered_with_a_tls_reason(transport_kind, pki, trusted):
     tls = None if trusted == "default CAs" else TlsSettings(ca_bundle=str(pki.other_ca))
+    # A TTL of 30 backoffs: three attempts fit even when a loaded machine makes each handshake take ~1 s (with
+    # 0.6 s, two attempts of 0.3 s were all there was room for). The test still ends by the TTL.
     with ScriptedSubscriber(tls=pki.server_context()) as sub:
-        lanes = deliver(transport_kind, {0: plan_for(sub.url, tls, retry=retry_policy(message_ttl_s=0.6,
+        lanes = deliver(transport_kind, {0: plan_for(sub.url, tls, retry=retry_policy(message_ttl_s=3,
                                                                                      backoff_s=0.1))},
                         [record({"i": 1})])
     assert sub.requests == [], "nothing reached a server whose certificate did not verify"

@@ -27,7 +27,9 @@ def test_tracking_all_and_discarded_only_record_each_step_and_trace_prints_it(br
     documents[2]["replies"] = [[500], [503], [200]]  # two failed attempts, then delivered
     documents[3]["replies"] = [[400]]  # discarded
     produce(broker.bootstrap_servers, topic_name, documents)
-    policy = {"messageTtl": 60, "messageBackoff": 50}
+    # requestTimeout well above the default 1 s: on a loaded machine an answer of the subscriber (in this process)
+    # can take longer, and a timed-out attempt is one more FAILED step than the scripted replies make.
+    policy = {"messageTtl": 60, "messageBackoff": 50, "requestTimeout": 30000}
     with ScriptedSubscriber() as sub:
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {
             "all": {"endpoint": sub.url + "/all", "trackingMode": "trackingAll", "subscriptionPolicy": policy,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import Producer
+from pyspark.errors import StreamingQueryException
 
 from herald.source import PYTHON_SOURCE_NAME
 
@@ -43,10 +44,19 @@ def simple_records(count: int, partitions: int, prefix: str = "v") -> list[dict]
     ]
 
 
-def run_available_now(spark, options: dict[str, str], checkpoint, timeout_s: float = 45) -> list[list[dict]]:
+# Spark waits a fixed 10 s (PythonWorkerFactory.createSimpleWorker, no setting) for the planner process of a Python
+# streaming source to connect back; on a loaded machine its start (Python, pyspark compiled from pyspark.zip) can
+# take longer and the query fails before its first batch. Herald's supervisor starts such a query again from its
+# checkpoint; the tests that run a query themselves do the same, until their deadline.
+CONNECT_BACK_FAILED = "Python worker failed to connect back"
+
+
+def run_available_now(spark, options: dict[str, str], checkpoint, timeout_s: float = 240) -> list[list[dict]]:
     """Run one Trigger.AvailableNow query to the end; return the rows of each micro-batch (empty batches too).
 
-    A failed query raises StreamingQueryException (from `awaitTermination`), whose text carries the source's error.
+    A failed query raises StreamingQueryException (from `awaitTermination`), whose text carries the source's error;
+    one whose planner process did not connect back in time is started again from its checkpoint. `timeout_s` is a
+    deadline for a stuck query, not a speed bound.
     """
     batches: list[list[dict]] = []
 
@@ -54,23 +64,29 @@ def run_available_now(spark, options: dict[str, str], checkpoint, timeout_s: flo
         rows = batch_df.selectExpr("*", "unix_millis(timestamp) AS timestamp_ms").collect()
         batches.append([row.asDict(recursive=True) for row in rows])
 
-    reader = spark.readStream.format(PYTHON_SOURCE_NAME)
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    query = (
-        reader.load()
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        finished = query.awaitTermination(timeout_s)
-    finally:
-        if query.isActive:
-            query.stop()
-    assert finished, f"AvailableNow query did not finish within {timeout_s} s"
-    return batches
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reader = spark.readStream.format(PYTHON_SOURCE_NAME)
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        query = (
+            reader.load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            finished = query.awaitTermination(max(1.0, deadline - time.monotonic()))
+        except StreamingQueryException as failure:
+            if CONNECT_BACK_FAILED in str(failure) and time.monotonic() < deadline:
+                continue
+            raise
+        finally:
+            if query.isActive:
+                query.stop()
+        assert finished, f"AvailableNow query did not finish within {timeout_s} s"
+        return batches
 
 
 def base_options(broker, topic: str, **extra: str) -> dict[str, str]:

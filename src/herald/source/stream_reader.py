@@ -7,6 +7,7 @@ kafka source writes them in the checkpoint.
 from __future__ import annotations
 
 import logging
+import sys
 
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -18,6 +19,9 @@ from herald.source.planning import KafkaInputPartition, KafkaReaderBase, resolve
 
 log = logging.getLogger(__name__)
 
+# The module Spark runs (`python -m ...`) for the planner process of a Python streaming source.
+PLANNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+
 
 class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches (offsets, rate limit, AvailableNow); `read` (from `KafkaReaderBase`) reads a range.
@@ -28,6 +32,8 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
 
     def __init__(self, options: SourceOptions) -> None:
         super().__init__(options)
+        if _main_module() == PLANNER_MODULE:
+            quiet_when_spark_hangs_up()
         self._target: dict[str, dict[int, int]] | None = None
         self._last_marks: Watermarks | None = None
         self._new_partition_starts: dict[tuple[str, int], int] = {}
@@ -141,3 +147,31 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
 
     def stop(self) -> None:
         self._close_client()
+
+
+def _main_module() -> str | None:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None)
+
+
+def quiet_when_spark_hangs_up() -> None:
+    """In the planner process: no traceback when the JVM closes its socket.
+
+    A query that stops (Ctrl-C, a restart, a configuration change) closes the planner's socket and then ends the
+    process; when the socket closes while a call is on it (the stream thread is interrupted mid-call), Spark's
+    runner gets a reset connection, cannot send its error back, and Python prints the traceback of an uncaught
+    ConnectionResetError or BrokenPipeError to the job's stderr, where a user reads it as a failure of the
+    stop. That is the JVM hanging up, nothing else: it is not printed. Anything else is printed as before
+    (Spark sends the source's own errors back to the JVM, which reports them; they never get here).
+    """
+    previous = sys.excepthook
+    if getattr(previous, "herald_quiet_hang_up", False):
+        return
+
+    def hook(kind, error, trace) -> None:
+        if issubclass(kind, (ConnectionError, EOFError)):
+            return
+        previous(kind, error, trace)
+
+    hook.herald_quiet_hang_up = True
+    sys.excepthook = hook
