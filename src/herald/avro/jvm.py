@@ -123,8 +123,22 @@ class SchemaPlan:
         return (F.when(decoded.getField(OK_FIELD).isNull(), F.lit(INVALID))
                 .when(left != 0, F.format_string("invalid Avro binary: %d bytes left after the record", left)))
 
-    def json(self, decoded: Column) -> Column:
-        return record_json(self.resolved, decoded)
+    def json(self, decoded: str) -> Column:
+        """The JSON text of the record in column `decoded`; built once per schema, column and Spark application
+        (hundreds of py4j calls for a large schema), then reused by every round."""
+        from pyspark import SparkContext
+
+        key = (self.writer, decoded, SparkContext._active_spark_context.applicationId)
+        with _lock:
+            built = _json_columns.get(key)
+        if built is None:
+            built = record_json(self.resolved, F.col(decoded))
+            with _lock:
+                _json_columns[key] = built
+        return built
+
+
+_json_columns: dict[tuple[str, str, str], Column] = {}
 
 
 def _schema_file(raw, plan: SchemaPlan):
@@ -135,7 +149,7 @@ def _schema_file(raw, plan: SchemaPlan):
     error = F.when(value.isNull(), F.lit(TOMBSTONE)).otherwise(plan.error(decoded, value))
     errors = staged.select(*columns, _DECODED, error.alias("decode_error"))
     ok = F.col("decode_error").isNull()
-    return errors.select(*columns, F.when(ok, plan.json(decoded)).alias("json"),
+    return errors.select(*columns, F.when(ok, plan.json(_DECODED)).alias("json"),
                          F.lit(None).cast("int").alias("schema_id"), F.lit(None).cast("int").alias("schema_version"),
                          "decode_error")
 
@@ -220,7 +234,7 @@ def _wire_format(raw, source: AvroSource):
     if plans:
         cases = None
         for k, plan in plans.items():
-            branch = plan.json(F.col(f"{_DECODED}{k}"))
+            branch = plan.json(f"{_DECODED}{k}")
             cases = (F.when if cases is None else cases.when)(ok & (the_id == k), branch)
         text = cases.otherwise(F.col(_STRAY).getField("json"))
         versions = None

@@ -207,7 +207,8 @@ def python_decimal(value: Column, scale: int) -> Column:
             F.length(digits) - 1 - scale < -6,
             F.concat(F.when(plain.startswith("-"), F.lit("-")).otherwise(F.lit("")), F.substring(digits, 1, 1),
                      F.when(F.length(digits) > 1, F.concat(F.lit("."), F.substring(digits, 2, 1 << 30)))
-                     .otherwise(F.lit("")), F.lit("E"), (F.length(digits) - 1 - scale).cast("string"))).otherwise(plain))
+                     .otherwise(F.lit("")), F.lit("E"), (F.length(digits) - 1 - scale).cast("string")))
+            .otherwise(plain))
 
     return let(value.cast("string"), text)
 
@@ -240,7 +241,8 @@ def _python_layout(java: Column) -> Column:
                  .otherwise(F.concat(F.substring(digits, 1, 1 << 30).substr(F.lit(1), exponent + 1), F.lit("."),
                                      digits.substr(exponent + 2, F.lit(1 << 30)))))
         python = F.concat(F.substring(digits, 1, 1),
-                          F.when(count > 1, F.concat(F.lit("."), F.substring(digits, 2, 1 << 30))).otherwise(F.lit("")),
+                          F.when(count > 1, F.concat(F.lit("."), F.substring(digits, 2, 1 << 30)))
+                          .otherwise(F.lit("")),
                           F.lit("e"), F.when(exponent < 0, F.lit("-")).otherwise(F.lit("+")),
                           F.when(F.abs(exponent) < 10, F.lit("0")).otherwise(F.lit("")),
                           F.abs(exponent).cast("string"))
