@@ -74,14 +74,19 @@ def decode(raw, source: AvroSource, setting: str = "auto"):
     """`raw` (Kafka rows) with DECODED_FIELDS appended, by the decoder `setting` picks."""
     if choose_decoder(raw.sparkSession, setting) == "fastavro":
         return fastavro_decode(raw, source)
-    if source.registry_url is None:
-        try:
-            plan = SchemaPlan.of(source.schema_json)
-        except UnsupportedSchema as reason:
-            log.info("avro decoder: fastavro for this schema file (%s)", reason)
-            return fastavro_decode(raw, source)
-        return _schema_file(raw, plan)
-    return _wire_format(raw, source)
+    try:
+        if source.registry_url is None:
+            try:
+                plan = SchemaPlan.of(source.schema_json)
+            except UnsupportedSchema as reason:
+                log.info("avro decoder: fastavro for this schema file (%s)", reason)
+                return fastavro_decode(raw, source)
+            return _schema_file(raw, plan)
+        return _wire_format(raw, source)
+    except Exception as error:  # noqa: BLE001 - Spark refused the plan (a schema from_avro cannot convert, ...)
+        log.warning("avro decoder: fastavro for this round, Spark refused the from_avro plan: %s",
+                    " ".join(str(error).split())[:500])
+        return fastavro_decode(raw, source)
 
 
 def fastavro_decode(raw, source: AvroSource):

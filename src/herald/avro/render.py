@@ -179,6 +179,7 @@ def _non_null(kind: str, schema: Any, value: Column) -> Column:
 # Control characters Jackson escapes with upper-case hex digits (`\u001F`), where Python writes `\u001f`.
 _UPPER_HEX = (0x0B, 0x0E, 0x0F, *range(0x1A, 0x20))
 _NEEDS_CASE = "[" + "".join(chr(code) for code in _UPPER_HEX) + "]"
+_ESCAPED = r'[\x00-\x1f"\\]'  # (Java regex) what JSON escapes: control characters, quote, backslash
 
 
 def json_string(text: Column) -> Column:
@@ -192,7 +193,9 @@ def json_string(text: Column) -> Column:
         return quoted
 
     quoted = let(F.to_json(F.array(text)), quote)
-    return F.when(text.rlike(_NEEDS_CASE), lower_hex(quoted)).otherwise(quoted)
+    plain = F.concat(F.lit('"'), text, F.lit('"'))  # most strings: nothing to escape, no JSON writer
+    return (F.when(~text.rlike(_ESCAPED), plain)
+            .when(text.rlike(_NEEDS_CASE), lower_hex(quoted)).otherwise(quoted))
 
 
 def python_decimal(value: Column, scale: int) -> Column:
@@ -225,8 +228,10 @@ def python_float(value: Column) -> Column:
     layout (scientific below 1e-3 and from 1e7, `1.5E-5`) becomes Python's (scientific below 1e-4 and from 1e16,
     `1.5e-05`); the smallest subnormal is Java's `4.9E-324`, Python's `5e-324`."""
     java = F.reflect(F.lit(SHORTEST), F.lit("toString"), value)
-    return (F.when(F.isnan(value) | (F.abs(value) == float("inf")), F.lit(None).cast("string"))
-            .when(F.abs(value) == MIN_SUBNORMAL, F.when(value < 0, F.lit("-5e-324")).otherwise(F.lit("5e-324")))
+    magnitude = F.abs(value)
+    return (F.when(((magnitude >= 1e-3) & (magnitude < 1e7)) | (value == 0), java)  # Java's fixed notation
+            .when(F.isnan(value) | (magnitude == float("inf")), F.lit(None).cast("string"))
+            .when(magnitude == MIN_SUBNORMAL, F.when(value < 0, F.lit("-5e-324")).otherwise(F.lit("5e-324")))
             .otherwise(let(java, _python_layout)))
 
 
