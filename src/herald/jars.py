@@ -1,4 +1,4 @@
-"""The JVM parts of the stack users run: Spark's Kafka source and delta-spark, pinned to the installed pyspark and
+"""The JVM parts of the stack users run: Spark's Kafka source, delta-spark and spark-avro, pinned to the installed pyspark and
 delta-spark, fetched once into a cache that Herald's own SparkSession uses.
 
 On a cluster the platform provides them (`spark-submit --packages ...`, or a Databricks runtime). For local runs,
@@ -17,6 +17,7 @@ launches gets them: under spark-submit, `--packages` decides (`herald.session`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,13 +38,18 @@ def packages() -> list[str]:
     """Maven coordinates of the jars, at the installed versions."""
     found = versions()
     return [f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{found['pyspark']}",
-            f"io.delta:delta-spark_{SCALA}:{found['delta-spark']}"]
+            f"io.delta:delta-spark_{SCALA}:{found['delta-spark']}",
+            f"org.apache.spark:spark-avro_{SCALA}:{found['pyspark']}"]
 
 
 def cache_dir() -> Path:
+    """One directory per package list (versions, then a digest of the list): checkouts that fetch different lists
+    (a branch adding a jar) share the cache root without deleting each other's jars."""
     found = versions()
     root = os.environ.get("HERALD_JARS_DIR") or str(Path.home() / ".cache" / "herald" / "jars")
-    return Path(root) / f"spark-{found['pyspark']}_delta-{found['delta-spark']}"
+    name = f"spark-{found['pyspark']}_delta-{found['delta-spark']}"
+    digest = hashlib.sha256(",".join(packages()).encode()).hexdigest()[:8]
+    return Path(root) / f"{name}_{digest}"
 
 
 def cached_jars() -> list[str]:

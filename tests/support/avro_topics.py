@@ -38,8 +38,10 @@ def produce_raw(bootstrap_servers: str, topic: str, values: list[tuple[bytes, li
 
 
 def avro_conf(tmp_path: Path, broker, topic: str, subscriptions: dict, schema_file: bool = True,
-              registry_url: str | None = None) -> Path:
+              registry_url: str | None = None, decoder: str = "auto") -> Path:
+    """`decoder`: herald.yaml's avro.decoder (`spark`: spark-avro's from_avro, `fastavro`, `auto`)."""
     settings = {"schemaRegistry": {"url": registry_url}} if registry_url else {}
+    settings["avro"] = {"decoder": decoder}
     conf = write_conf(tmp_path, broker.bootstrap_servers, topic, subscriptions, settings=settings)
     topic_file = {"name": topic, "contentType": "AVRO"}
     if schema_file:

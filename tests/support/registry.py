@@ -3,7 +3,7 @@
 No real registry can run here: Karapace is not on PyPI and Confluent's is Java from Maven. This server
 implements the endpoints Herald calls, with Confluent's JSON shapes, and counts the calls it receives:
 GET /schemas/ids/{id}, GET /schemas/ids/{id}/versions, GET /subjects/{subject}/versions/latest,
-POST /subjects/{subject}/versions.
+GET /subjects/{subject}/versions, GET /subjects/{subject}/versions/{version}, POST /subjects/{subject}/versions.
 """
 
 from __future__ import annotations
@@ -83,6 +83,18 @@ class SchemaRegistryServer:
                 return 404, {"error_code": 40401, "message": "Subject not found"}
             return 200, {"subject": match.group(1), "version": len(ids), "id": ids[-1],
                          "schema": self.schemas[ids[-1]]}
+        if method == "GET" and (match := re.fullmatch(r"/subjects/([^/]+)/versions", path)):
+            ids = self.subjects.get(match.group(1))
+            if not ids:
+                return 404, {"error_code": 40401, "message": "Subject not found"}
+            return 200, list(range(1, len(ids) + 1))
+        if match := re.fullmatch(r"/subjects/([^/]+)/versions/(\d+)", path):
+            ids = self.subjects.get(match.group(1), [])
+            version = int(match.group(2))
+            if not 1 <= version <= len(ids):
+                return 404, {"error_code": 40402, "message": "Version not found"}
+            return 200, {"subject": match.group(1), "version": version, "id": ids[version - 1],
+                         "schema": self.schemas[ids[version - 1]]}
         if method == "POST" and (match := re.fullmatch(r"/subjects/([^/]+)/versions", path)):
             return 200, {"id": self.register(match.group(1), json.loads(body)["schema"])}
         return 404, {"error_code": 404, "message": "Not found"}

@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_jars_are_pinned_to_the_installed_pyspark_and_delta_spark():
+    """spark-avro too: from_avro must be the one built for the installed pyspark."""
     assert jars.packages() == [f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')}",
-                               f"io.delta:delta-spark_2.13:{version('delta-spark')}"]
+                               f"io.delta:delta-spark_2.13:{version('delta-spark')}",
+                               f"org.apache.spark:spark-avro_2.13:{version('pyspark')}"]
     pins = dict(re.findall(r'"(pyspark|delta-spark)==([^"]+)"', (ROOT / "pyproject.toml").read_text()))
     assert pins == {"pyspark": version("pyspark"), "delta-spark": version("delta-spark")}
 

@@ -6,6 +6,7 @@ backoff; an unknown id is an `UnknownSchemaError`. Credentials in the URL (`http
 for Basic auth and never appear in errors or logs.
 
 Endpoints used: GET /schemas/ids/{id}, GET /schemas/ids/{id}/versions, GET /subjects/{subject}/versions/latest,
+GET /subjects/{subject}/versions and /versions/{version} (the driver, for from_avro: `herald.avro.jvm`),
 POST /subjects/{subject}/versions (registering, for `herald publish` and tests).
 """
 
@@ -90,6 +91,20 @@ class RegistryClient:
             return None
 
         return self._cached(f"version:{schema_id}:{subject}", fetch)
+
+    def subject_ids(self, subject: str) -> dict[int, int]:
+        """{schema id: version} of every version registered under `subject` (the list is asked each time; a
+        version's id is cached, as it never changes); {} when the registry does not know the subject."""
+        try:
+            versions = self._request("GET", f"/subjects/{subject}/versions")
+        except UnknownSchemaError:
+            return {}
+        found = {}
+        for version in versions:
+            answer = self._cached(f"subject:{subject}:{version}",
+                                  lambda v=version: self._request("GET", f"/subjects/{subject}/versions/{v}"))
+            found[int(answer["id"])] = int(version)
+        return found
 
     def latest(self, subject: str) -> tuple[int, int, str]:
         """(id, version, schema) of the subject's latest version (not cached: it changes)."""

@@ -148,6 +148,13 @@ class SchemaRegistrySettings(Strict):
         return value
 
 
+class AvroSettings(Strict):
+    """decoder: how AVRO topics are decoded: `spark` (spark-avro's from_avro, in the JVM), `fastavro` (in Python),
+    `auto` (from_avro where spark-avro's classes load); `herald.avro.jvm`."""
+
+    decoder: Literal["auto", "spark", "fastavro"] = "auto"
+
+
 class MetricsSettings(Strict):
     """prometheusPort: serve Prometheus metrics on the driver on this port (None: not served; `herald run
     --metrics-port` overrides it). prometheusHost: the address to listen on."""
@@ -202,6 +209,7 @@ class HeraldSettings(Strict):
     kafka: KafkaSettings
     storage: StorageSettings
     schemaRegistry: SchemaRegistrySettings | None = None
+    avro: AvroSettings = AvroSettings()
     streaming: StreamingSettings = StreamingSettings()
     delivery: DeliverySettings = DeliverySettings()
     spark: SparkSettings = SparkSettings()

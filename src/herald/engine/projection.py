@@ -1,10 +1,11 @@
 """A topic's rows as the delivery tasks read them: decoded once, filtered once for every subscription.
 
 One projection per round, whatever the number of subscriptions: an AVRO topic's records are decoded once
-(fastavro over Arrow batches, into JSON text), the JSON is parsed once for the union of every subscription's
-filter paths, and every subscription's filter is a condition in the same projection, giving `targets`: the
-indices (into the given subscription list) of the subscriptions each row goes to. Only rows that go somewhere
-carry their message to Python; the others carry only their partition and offset (positions move over them).
+(spark-avro's from_avro, or fastavro over Arrow batches, into JSON text: herald.avro.jvm), the JSON is parsed
+once for the union of every subscription's filter paths, and every subscription's filter is a condition in the
+same projection, giving `targets`: the indices (into the given subscription list) of the subscriptions each row
+goes to. Only rows that go somewhere carry their message to Python; the others carry only their partition and
+offset (positions move over them).
 
 Columns: partition, offset, timestamp, headers, targets, key, value (what JSON subscriptions receive), and for
 AVRO topics avro (what AVRO subscriptions receive), error, raw (the record's original bytes: for undecodable
@@ -16,10 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_type
-from pyspark.sql.types import StructField, StructType
 
-from herald.avro.decode import DECODED_FIELDS, decode_batches
+from herald.avro.jvm import decode
 from herald.config import HeraldConfig, Subscription, filter_rules
 from herald.config.model import ContentType, Topic
 from herald.filters.targets import with_targets
@@ -34,8 +33,7 @@ def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Sub
         return rows.select("partition", "offset", "timestamp", "headers", "targets",
                            F.when(goes, F.col("key")).alias("key"), F.when(goes, F.col("value")).alias("value"))
     source = config.avro_source(topic)
-    schema = StructType(raw.schema.fields + [StructField(f.name, from_arrow_type(f.type)) for f in DECODED_FIELDS])
-    decoded = raw.mapInArrow(decode_batches(source), schema)
+    decoded = decode(raw, source, config.settings.avro.decoder)  # from_avro in the JVM, or fastavro
     rows = with_targets(decoded, rule_sets, "json", "headers")
     goes = F.size("targets") > 0
     wants_avro = any(subscription.contentType is ContentType.AVRO for subscription in subscriptions)
