@@ -149,10 +149,11 @@ class SchemaRegistrySettings(Strict):
 
 
 class AvroSettings(Strict):
-    """decoder: how AVRO topics are decoded: `spark` (spark-avro's from_avro, in the JVM), `fastavro` (in Python),
-    `auto` (from_avro where spark-avro's classes load); `herald.avro.jvm`."""
+    """decoder: how AVRO topics are decoded: `fastavro` (in Python, the default: it measured about twice the rows
+    per CPU-second of from_avro, tests/benchmarks/avro_decode.py), `spark` (spark-avro's from_avro, in the JVM,
+    the same results), `auto` (from_avro where spark-avro's classes load); `herald.avro.jvm`."""
 
-    decoder: Literal["auto", "spark", "fastavro"] = "auto"
+    decoder: Literal["auto", "spark", "fastavro"] = "fastavro"
 
 
 class MetricsSettings(Strict):
