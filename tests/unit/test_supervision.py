@@ -24,17 +24,22 @@ def test_restarts_back_off_1_2_4_up_to_60_s_and_start_again_from_1_s_after_a_rec
     assert not supervisor.given_up(), "a running job never gives a topic up"
 
 
-def test_once_gives_a_topic_up_after_three_failed_restarts_and_names_it():
+def test_once_gives_a_topic_up_after_three_failed_restarts_and_30_s_of_failing_and_names_it():
+    """Failures at 0, 1, 3, 7, 15 and 31 s (backoff 1, 2, 4, 8, 16 s): the fourth is past ONCE_RESTARTS, but a
+    topic is given up only once it has been failing for ONCE_PATIENCE_S (30 s): at the sixth."""
     clock = FakeClock()
     supervisor = QuerySupervisor(once=True, clock=clock)
-    for attempt in range(1, 5):
+    started = clock.now
+    for attempt in range(1, 7):
         failure = supervisor.failed("orders", f"UnknownTopicError: attempt {attempt}")
-        clock.now = failure.retry_at
-        if attempt < 4:
+        if attempt < 6:
+            assert not failure.given_up, attempt
+            clock.now = failure.retry_at
             assert supervisor.due("orders")
             supervisor.restarted("orders")
+    assert clock.now - started == 31
     assert failure.given_up and not supervisor.due("orders")
-    assert supervisor.given_up() == {"orders": "UnknownTopicError: attempt 4"}
+    assert supervisor.given_up() == {"orders": "UnknownTopicError: attempt 6"}
     assert supervisor.not_running() == supervisor.given_up()
     supervisor.forget("orders")
     assert supervisor.given_up() == {}

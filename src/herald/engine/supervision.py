@@ -8,8 +8,10 @@ again after 1 s, then 2, 4, ... up to 60 s between tries, and the other topics g
 (`herald.engine.topics`). A read started again that completes a micro-batch has recovered: its next failure
 starts the backoff again from 1 s.
 
-With `--once` a topic is given up after `ONCE_RESTARTS` restarts that failed again: the run finishes every
-other topic and ends with exit code 1, naming the topics it could not finish and why.
+With `--once` a topic is given up after `ONCE_RESTARTS` restarts that failed again, once it has been failing
+for `ONCE_PATIENCE_S` (a read failing for no topic of its own fails each of its topics: a busy machine's Python
+worker that did not start in time must not end a run at once): the run finishes every other topic and ends with
+exit code 1, naming the topics it could not finish and why.
 
 Times are the supervisor's clock: monotonic seconds.
 """
@@ -26,6 +28,7 @@ from herald.endpoint import mask_secrets
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 ONCE_RESTARTS = 3
+ONCE_PATIENCE_S = 30.0
 
 
 @dataclass
@@ -49,14 +52,18 @@ class QuerySupervisor:
         self.once_restarts = once_restarts
         self._failures: dict[str, TopicFailure] = {}
         self._streak: dict[str, int] = {}  # topic -> failures since it last completed a micro-batch
+        self._failing_since: dict[str, float] = {}  # topic -> when the streak's first failure came
 
     def failed(self, topic: str, error: str) -> TopicFailure:
         """`topic`'s query failed (or did not start) with `error`: when to try again, or give it up."""
         streak = self._streak.get(topic, 0) + 1
         self._streak[topic] = streak
+        now = self.clock()
+        since = self._failing_since.setdefault(topic, now) if streak > 1 else now
+        self._failing_since[topic] = since
         backoff_s = min(self.first_backoff_s * 2 ** (streak - 1), self.max_backoff_s)
-        failure = TopicFailure(error, streak, self.clock() + backoff_s,
-                               given_up=self.once and streak > self.once_restarts)
+        failure = TopicFailure(error, streak, now + backoff_s, given_up=self.once and streak > self.once_restarts
+                               and now - since >= ONCE_PATIENCE_S)
         self._failures[topic] = failure
         return failure
 
@@ -78,11 +85,13 @@ class QuerySupervisor:
     def recovered(self, topic: str) -> None:
         """The topic's query completed a micro-batch: a later failure backs off from the start again."""
         self._streak.pop(topic, None)
+        self._failing_since.pop(topic, None)
 
     def forget(self, topic: str) -> None:
         """The topic is no longer delivered (removed from the configuration)."""
         self._failures.pop(topic, None)
         self._streak.pop(topic, None)
+        self._failing_since.pop(topic, None)
 
     def failing(self, topic: str) -> TopicFailure | None:
         return self._failures.get(topic)
