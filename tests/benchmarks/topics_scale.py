@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=4000, help="N messages in total (default 4000)")
     parser.add_argument("--connector", default="spark", choices=("spark", "python"),
                         help="kafka.connector (default spark: Spark's Kafka source)")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' logs and tables (the path is printed)")
     args = parser.parse_args()
 
     from herald.broker import EmbeddedBroker
@@ -132,7 +133,10 @@ def main() -> None:
         if sink is not None:
             sink.stop()
         broker.down()
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            print(f"kept: {root} (each run's run.log, conf and storage)")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

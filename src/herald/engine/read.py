@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 from herald.engine import checkpoint as checkpoints
 from herald.engine.context import EngineContext
+from herald.engine.round_steps import input_partitions
 from herald.engine.supervision import short_error
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import open_kafka_stream
@@ -196,7 +197,9 @@ class SharedRead:
         if self.closing:
             return
         try:
-            rows = batch_df.where(F.col("topic") == pipeline.kafka_topic) if filtered else batch_df
+            rows = batch_df
+            if filtered:  # its rows, in as many partitions as it has ranges: not a (Python) task per batch partition
+                rows = batch_df.where(F.col("topic") == pipeline.kafka_topic).coalesce(input_partitions(ranges))
             pipeline.deliver_batch(rows, batch_id, ranges, self.writers[pipeline.kafka_topic])
         except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
             log.exception("%s micro-batch %d failed; its subscriptions catch up on it", pipeline.kafka_topic,
