@@ -20,6 +20,7 @@ from herald.broker import EmbeddedBroker
 # several minutes while the other has nothing left. A file not named keeps its place after these.
 SLOW_FILES_FIRST = (
     "test_dist.py",
+    "test_many_topics.py",
     "test_restart_catch_up.py",
     "test_spark_upkeep.py",
     "test_filter_compile.py",
