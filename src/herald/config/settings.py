@@ -61,7 +61,8 @@ class StreamingSettings(Strict):
     `*_s` properties give the engine seconds.
 
     triggerInterval: Spark's micro-batch interval (a Spark duration string, e.g. "1 second").
-    maxOffsetsPerTrigger: most records per micro-batch.
+    maxOffsetsPerTrigger: most records per micro-batch, all topics of the job together (Spark shares them out over
+        the partitions by their backlog); also the most a catch-up round reads.
     batchDeadlineMs: milliseconds each task of a micro-batch delivers, from the task's start, before its
         unfinished work is parked (retries) or left behind the subscription's position (messages not attempted
         yet).
