@@ -1,5 +1,5 @@
-"""The JVM parts of the stack users run: Spark's Kafka source, delta-spark and spark-avro, pinned to the installed pyspark and
-delta-spark, fetched once into a cache that Herald's own SparkSession uses.
+"""The JVM parts of the stack users run: Spark's Kafka source, delta-spark and spark-avro, pinned to the installed
+pyspark and delta-spark, fetched once into a cache that Herald's own SparkSession uses.
 
 On a cluster the platform provides them (`spark-submit --packages ...`, or a Databricks runtime). For local runs,
 the tests and the demo, `herald jars fetch` (run by `make install`) resolves them with Spark's own resolver
