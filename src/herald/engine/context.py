@@ -50,6 +50,7 @@ class EngineContext:
     catchup_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
     round_listeners: list[Callable] = field(default_factory=list)
     control_url: str | None = None  # where running tasks ask which subscriptions are delivered now
+    on_unrecorded: Callable[[str], None] | None = None  # the job's stop, told why (`unrecorded`)
     priority: Priority = field(init=False)
     discovery: Discoveries = field(init=False)
 
@@ -89,6 +90,19 @@ class EngineContext:
                 listener(result, duration_s)
             except Exception:  # noqa: BLE001 - a listener's failure must not stop the round
                 logging.getLogger(__name__).exception("round listener %r failed", listener)
+
+    def unrecorded(self, result, error: BaseException) -> None:
+        """A round's outcomes were taken into its subscriptions' states (their positions moved past its messages),
+        but its rows were not all handed to the writer, or its parked messages not to the retry driver. A later
+        round's positions would pass those messages with no row about them, so nothing more is written and the
+        job is told to stop (exit 1): the next run delivers them again from the positions written before."""
+        reason = (f"round {result.batch_id} of {result.kafka_topic} ({result.writer}) could not be recorded: "
+                  f"{type(error).__name__}: {error}")
+        logging.getLogger(__name__).error("%s; nothing more is written, the next run delivers its messages again",
+                                          reason, exc_info=error)
+        self.writer.abandon()
+        if self.on_unrecorded is not None:
+            self.on_unrecorded(reason)
 
     @property
     def parallelism(self) -> int:

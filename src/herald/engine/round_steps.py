@@ -79,10 +79,14 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
 
 def release_pins(context: EngineContext, members: Iterable[Participant],
                  results: Iterable[SubscriptionOutcome]) -> None:
-    """The round is over (delivered or failed): give its pins back, with what it saw of the pinned endpoints."""
+    """The round is over (delivered or failed): give its pins back, with what it saw of the pinned endpoints. A
+    pin that cannot be given back is logged and never stops the round from being recorded."""
     news = {result.subscription.id: result.pin_news for result in results}
     for member in members:
-        context.priority.release(member.state.id, member.pin, news.get(member.state.id))
+        try:
+            context.priority.release(member.state.id, member.pin, news.get(member.state.id))
+        except Exception:  # noqa: BLE001 - the round's outcome is in its states already: it must be recorded
+            log.exception("%s: its pin could not be given back after the round", member.state.id)
 
 
 def task_plan(context: EngineContext, kafka_topic: str, lanes: dict[int, LanePlan], tasks: int = 1,
@@ -151,14 +155,19 @@ def record(context: EngineContext, result: RoundResult, duration_s: float, stamp
     (positions last), then its parked messages to `park` (the
     retry driver: after their PARKED rows, so that a retry round's rows about them are always written later),
     then tell the round's listeners. Empty tables are skipped, unless the round may replay an earlier run's
-    (its old slices are then cleared too)."""
-    tables = table_rows(result, stamp)
-    if not possible_replay:
-        tables = [(table, rows) for table, rows in tables if rows.num_rows]
-    if tables:
-        context.writer.submit(Slice(result.writer, result.batch_id), tables)
-    if park is not None:
-        for outcome in result.outcomes:
-            if outcome.parked:
-                park(outcome.subscription, result.kafka_topic, outcome.parked)
+    (its old slices are then cleared too). When the rows or the parked messages cannot be handed over, the job
+    writes nothing more and stops (`EngineContext.unrecorded`), and this raises."""
+    try:
+        tables = table_rows(result, stamp)
+        if not possible_replay:
+            tables = [(table, rows) for table, rows in tables if rows.num_rows]
+        if tables:
+            context.writer.submit(Slice(result.writer, result.batch_id), tables)
+        if park is not None:
+            for outcome in result.outcomes:
+                if outcome.parked:
+                    park(outcome.subscription, result.kafka_topic, outcome.parked)
+    except BaseException as error:  # the states are past its messages: nothing later may be written
+        context.unrecorded(result, error)
+        raise
     context.recorded(result, duration_s)

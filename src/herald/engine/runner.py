@@ -63,7 +63,7 @@ class Runner:
         self._started_ms = 0
         self.lease: StorageLease | None = None
         self.control: ControlServer | None = None
-        self._lease_lost_reason: str | None = None
+        self._stopped_for: str | None = None
 
     # -- starting ---------------------------------------------------------------------------------------------
     def start(self, once: bool) -> None:
@@ -73,11 +73,11 @@ class Runner:
         connector = choose_connector(self.spark, settings.kafka.connector)
         store = open_store(settings.storage.engine, self.config.storage_path, self.spark, settings.storage.options,
                            settings.storage.maintenanceRetentionHours)
-        self.lease = StorageLease(store, on_lost=self._lease_lost)
+        self.lease = StorageLease(store, on_lost=self._fail_stop)
         self.lease.acquire()  # raises LeaseHeld: another job delivers from this storage path
         self.lease.start()
         context = EngineContext(self.spark, self.config, connector, store, TableWriter(
-            store, min_interval_s=settings.storage.commitIntervalMs / 1000), once=once)
+            store, min_interval_s=settings.storage.commitIntervalMs / 1000), once=once, on_unrecorded=self._fail_stop)
         context.catchup_slots = threading.Semaphore(max(1, context.parallelism // 2))
         active = self.config.active_subscriptions(self.only)
         self.retries = retries = RetryDriver(context, once=once, live_state=self._live_state)
@@ -230,10 +230,10 @@ class Runner:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.shutdown(0.0 if self._lease_lost_reason else grace_s)
+            self.shutdown(0.0 if self._stopped_for else grace_s)
         if once:
             self._report_parked()
-        if self._lease_lost_reason is not None:
+        if self._stopped_for is not None:
             return 1
         return 1 if self._report_failures() else 0
 
@@ -241,9 +241,11 @@ class Runner:
         """Ask a running `run()` to stop (as the first Ctrl-C does)."""
         self._stop.set()
 
-    def _lease_lost(self, reason: str) -> None:
+    def _fail_stop(self, reason: str) -> None:
+        """The job lost its storage lease, or a round could not be recorded: it writes nothing more (what it did
+        since its last written round is done again by the next run) and stops now, with exit code 1."""
         log.error("%s: this job stops now and writes nothing more (exit code 1)", reason)
-        self._lease_lost_reason = reason
+        self._stopped_for = reason
         if self.context is not None:
             self.context.writer.abandon()
             self.context.priority.freeze()
@@ -312,8 +314,9 @@ class Runner:
             pipeline.catchup.stop()
         if self.context is not None:
             self.retries.stop()
-            # a job that lost the lease writes nothing more: its rounds would undo the holder's
-            self.context.writer.close(0.0 if self._lease_lost_reason else max(5.0, deadline - time.monotonic()))
+            # a job that lost the lease (its rounds would undo the holder's) or could not record a round writes
+            # nothing more
+            self.context.writer.close(0.0 if self._stopped_for else max(5.0, deadline - time.monotonic()))
         if self.exporter is not None:
             self.exporter.stop()
         if self.dead_letters is not None:
