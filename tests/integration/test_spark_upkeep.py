@@ -50,3 +50,27 @@ def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(sp
     assert configuration["delta.logRetentionDuration"] == "interval 168 hours"
     assert configuration["delta.deletedFileRetentionDuration"] == "interval 168 hours"
     assert configuration["delta.checkpointInterval"] == "500"
+
+
+def test_rounds_merged_into_one_commit_replace_their_slices_with_no_checksum_file(spark, tmp_path):
+    """The table writer merges a minute of rounds of several writers into one commit (`Slices`, one term per
+    writer); replayed, they replace their own rows and no other. delta-spark writes no `.crc` beside a commit."""
+    import pyarrow as pa
+
+    from herald.storage.store import Slices
+
+    require_jars(spark, DELTA_SPARK_CLASS)
+    store = SparkDeltaStore(spark, str(tmp_path))
+    _round(store, 0)
+
+    def rows(writer: str, batch_id: int):
+        return position_rows("g.t.s", "g.t", {0: batch_id}, writer, batch_id, NOW)
+
+    parts = Slices(tuple(Slice("stream:q", b) for b in range(1, 40)) + (Slice("catchup:r", 7),))
+    merged = pa.concat_tables([rows(p.writer, p.batch_id) for p in parts.parts])
+    store.replace(OFFSETS, merged, parts)
+    store.replace(OFFSETS, merged, parts)  # a replay of the same rounds
+    found = sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS).to_pylist())
+    assert found == sorted([("stream:q", 0)] * 2 + [(p.writer, p.batch_id) for p in parts.parts])
+    log_dir = os.path.join(store.path(OFFSETS), "_delta_log")
+    assert not [n for n in os.listdir(log_dir) if n.endswith(".crc") and not n.startswith(".")]

@@ -14,7 +14,7 @@ from herald.engine.rounds import position_rows
 from herald.storage.tables import RETRIES_SCHEMA
 from herald.engine.exporter import PrometheusExporter
 from herald.storage.store import Slice, Slices, TableStore
-from herald.storage.writer import TableWriter
+from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter
 from tests.support.prometheus import samples
 
 
@@ -204,4 +204,68 @@ def test_a_hurried_round_ends_the_gathering():
     while writer.pending and time.monotonic() < deadline:
         time.sleep(0.01)
     assert writer.pending == 0 and [b for t, b in _flat(store.written) if t == "offsets"] == [0, 1, 2]
+    assert writer.close()
+
+
+def test_a_minute_of_rounds_gathers_into_one_commit_per_table_named_by_one_term_per_writer():
+    """At the default interval a round a second is 60 rounds a commit: beyond the old 16-round queue."""
+    store = FlakyStore()
+    writer = TableWriter(store, min_interval_s=30.0)
+    assert writer.submit(*_round(0))
+    deadline = time.monotonic() + 5
+    while len(store.written) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for n in range(1, 61):
+        assert writer.submit(*_round(n))
+    time.sleep(0.3)
+    assert len(store.written) == 2 and writer.pending == 60, "they gather: the interval has not passed"
+    assert writer.flush(10)
+    assert [table for table, _ in store.written[2:]] == ["retries", "offsets"]
+    merged = store.written[3][1]
+    assert [part.batch_id for part in merged.parts] == list(range(1, 61))
+    assert merged.predicate == f"(writer = 'stream:q' AND batch_id IN ({', '.join(map(str, range(1, 61)))}))"
+    assert writer.close()
+
+
+def test_slices_of_several_writers_name_each_writers_batches_once():
+    both = Slices((Slice("stream:q", 4), Slice("catchup:r't", 7), Slice("stream:q", 3), Slice("stream:q", 4)))
+    assert both.predicate == "(writer = 'stream:q' AND batch_id IN (3, 4)) OR (writer = 'catchup:r''t' AND batch_id IN (7))"
+
+
+def test_while_a_write_fails_delivery_waits_after_a_few_rounds_whatever_the_queue_holds():
+    store = FlakyStore()
+    store.down.set()
+    writer = TableWriter(store)  # 2048 rounds' room: a gathering's, not storage being down
+    for n in range(FAILING_PENDING_ROUNDS):
+        assert writer.submit(*_round(n))
+    deadline = time.monotonic() + 5
+    while store.tries < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    blocked = threading.Thread(target=writer.submit, args=_round(FAILING_PENDING_ROUNDS))
+    blocked.start()
+    time.sleep(0.5)
+    assert blocked.is_alive(), "storage is down: the next round waits"
+    store.down.clear()
+    blocked.join(timeout=30)
+    assert not blocked.is_alive()
+    assert writer.close()
+    assert [b for table, b in _flat(store.written) if table == "offsets"] == list(range(FAILING_PENDING_ROUNDS + 1))
+
+
+def test_rows_past_half_the_byte_bound_end_the_gathering_and_past_the_bound_make_submit_wait():
+    store = FlakyStore()
+    part, tables = _round(0)
+    size = sum(rows.nbytes for _, rows in tables)
+    writer = TableWriter(store, min_interval_s=60.0, max_pending_bytes=4 * size)
+    assert writer.submit(part, tables)
+    deadline = time.monotonic() + 5
+    while len(store.written) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.submit(*_round(1))
+    time.sleep(0.2)
+    assert writer.pending == 1, "a quarter of the bound gathers"
+    assert writer.submit(*_round(2))  # half the bound: written without waiting the minute
+    while writer.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [b for table, b in _flat(store.written) if table == "offsets"] == [0, 1, 2]
     assert writer.close()

@@ -43,7 +43,12 @@ class Slices:
 
     @property
     def predicate(self) -> str:
-        return " OR ".join(f"({part.predicate})" for part in self.parts)
+        """One term per writer, its batch ids listed: a minute of rounds is hundreds of slices of a few writers."""
+        batches: dict[str, set[int]] = {}
+        for part in self.parts:
+            batches.setdefault(part.writer, set()).add(int(part.batch_id))
+        return " OR ".join(f"(writer = '{_sql_text(writer)}' AND batch_id IN ({', '.join(map(str, sorted(ids)))}))"
+                           for writer, ids in batches.items())
 
     def __str__(self) -> str:
         return f"{len(self.parts)} rounds ({self.parts[0]} .. {self.parts[-1]})"
@@ -248,6 +253,12 @@ class DeltaRsStore(TableStore):
         return pa.Table.from_arrays(columns, schema=declared)
 
 
+CHECKSUM_SETTING = "spark.databricks.delta.writeChecksumFile.enabled"
+"""delta-spark writes a `.crc` checksum beside every commit (3-5 KB: the table's protocol, metadata, histograms
+and, under 50 files, every file), three times the commit itself; Delta reads tables without them. Herald's
+session turns them off unless the job's Spark conf sets it (tests/benchmarks/README.md, storage_growth)."""
+
+
 class SparkDeltaStore(TableStore):
     """delta-spark (`format("delta")`): for clusters where the Delta jars are on the classpath. Tables are created
     with Herald's properties (or given them) once per store and table; a round's rows are one small file."""
@@ -257,6 +268,8 @@ class SparkDeltaStore(TableStore):
         self.spark = spark
         self._lock = threading.Lock()
         self._ready: set[str] = set()
+        if not spark.sparkContext.getConf().contains(CHECKSUM_SETTING):  # set for the job: left as it is
+            spark.conf.set(CHECKSUM_SETTING, "false")
 
     def _ensure(self, table: str) -> None:
         from delta.tables import DeltaTable

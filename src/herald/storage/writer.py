@@ -11,13 +11,15 @@ Rounds waiting when the writer gets to them are written together: one commit per
 retransmission's record after its positions). A slow store (delta-spark takes about a second a commit) then
 costs a commit per table per batch of rounds, not per round. With `min_interval_s` (`storage.commitIntervalMs`)
 the writer also waits that long after a write began before the next one, so that rounds gather: a job with a
-round a second then commits to each table every 10 s, not every second (each commit is a file, a log entry and,
-in every checkpoint until the retention ends, a tombstone). Positions are then written up to that much later:
-a crash delivers those seconds again (at least once), as Hermes' periodic offset commits do. A flush, a close, a
-stop or a queue half full writes at once.
+round a second then commits to each table once a minute (the default), not every second (each commit is a file,
+a log entry and, in every checkpoint until the retention ends, a tombstone). Positions are then written up to
+that much later: a crash delivers that minute again (at least once), as Hermes' periodic offset commits (60 s)
+do. A flush, a close, a stop or a queue half full writes at once.
 
-The queue is bounded (`max_pending` rounds): while storage is down or slow, `submit` waits, and so does the
-round that submits (delivery pauses, with a log line, rather than piling rounds up in the driver's memory).
+The queue is bounded (`max_pending` rounds, `max_pending_bytes` of rows): while storage is down or slow,
+`submit` waits, and so does the round that submits (delivery pauses, with a log line, rather than piling rounds
+up in the driver's memory). While a write fails, the queue holds only `FAILING_PENDING_ROUNDS`: delivery waits
+for storage within seconds, not after the thousands of rounds a gathering may hold.
 When the writer gives a slice up (closed while storage still fails), it writes nothing after it: a later
 round's positions would otherwise pass the messages the abandoned slice parked or discarded. Whatever was not
 written is delivered again by the next run (at least once).
@@ -42,11 +44,15 @@ log = logging.getLogger(__name__)
 TABLE_ORDER = (UNDELIVERED, RETRIES, METRICS, TRACKING, OFFSETS, RETRANSMISSIONS)
 """The order of a round's tables when rounds are written together; a round that lists its tables in another
 order is written on its own."""
-MAX_MERGED_ROUNDS = 32
-
 _MAX_PAUSE_S = 30.0
-MAX_PENDING_ROUNDS = 16
-"""Rounds handed to the writer and not yet written before `submit` makes the next one wait."""
+MAX_PENDING_ROUNDS = 2048
+"""Rounds handed to the writer and not yet written before `submit` makes the next one wait. A gathering ends at
+half of it: at the default commit interval (a minute) a job can gather a round a second of 17 busy topics."""
+FAILING_PENDING_ROUNDS = 16
+"""Rounds queued, while a write fails and is retried, before `submit` makes the next one wait."""
+MAX_PENDING_BYTES = 256 * 1024 * 1024
+"""Bytes (of the rounds' Arrow tables) handed to the writer and not yet written before `submit` makes the next
+one wait (a round alone always gets in); a gathering also ends at half of it."""
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,11 @@ class TableWriter:
     """pending: rounds submitted and not written yet; waited_s: seconds submitters waited for room (both for
     metrics); abandoned: rounds given up (their messages are delivered again by the next run)."""
 
-    def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS, min_interval_s: float = 0.0) -> None:
+    def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS, min_interval_s: float = 0.0,
+                 max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
         self.store = store
         self.max_pending = max(1, max_pending)
+        self.max_pending_bytes = max(1, max_pending_bytes)
         self.min_interval_s = max(0.0, min_interval_s)
         self._last_write = float("-inf")  # monotonic s when the last write began
         self._flushing = 0  # callers of `flush` waiting: gather nothing more
@@ -69,6 +77,8 @@ class TableWriter:
         self._queue: queue.Queue[SliceWrite | None] = queue.Queue()
         self._idle = threading.Condition()
         self._unwritten = 0
+        self._unwritten_bytes = 0
+        self._failing = False  # the write in progress failed and is being retried
         self._held: Counter = Counter()  # slices handed over, not yet written or given up
         self._closing = threading.Event()
         self._given_up = False  # a slice was abandoned: nothing after it may be written
@@ -86,7 +96,7 @@ class TableWriter:
         started = time.monotonic()
         warned = False
         with self._idle:
-            while self._unwritten >= self.max_pending and not self._closing.is_set() and not self._given_up:
+            while self._full() and not self._closing.is_set() and not self._given_up:
                 if self._wait_until is not None and time.monotonic() >= self._wait_until:
                     self._given_up = True  # this round is not written: so no later one may be
                     break
@@ -103,10 +113,11 @@ class TableWriter:
                           "run", part, "closed" if self._closing.is_set() else "stopped at an earlier round")
                 return False
             self._unwritten += 1
+            self._unwritten_bytes += _nbytes(tables)
             self._held[part] += 1
             self._queue.put(SliceWrite(part, tuple(tables)))  # under the lock: queued before `_hurry` is seen
             self._hurry = self._hurry or hurry
-            if hurry or self._unwritten >= self._enough:
+            if hurry or self._enough():
                 self._idle.notify_all()  # the writer stops gathering
         if warned:
             log.info("storage caught up: delivery goes on after %.1f s", waited)
@@ -148,16 +159,24 @@ class TableWriter:
         with self._idle:
             return self._held[part] > 0
 
-    @property
-    def _enough(self) -> int:
-        """Rounds that end a gathering: half the queue, so that gathering never makes `submit` wait."""
-        return max(1, self.max_pending // 2)
+    def _full(self) -> bool:
+        """(lock held) `submit` waits: the queue is full, in rounds or in bytes (a round alone always gets in), or
+        holds `FAILING_PENDING_ROUNDS` while a write fails."""
+        return (self._unwritten >= self.max_pending
+                or (self._failing and self._unwritten >= min(self.max_pending, FAILING_PENDING_ROUNDS))
+                or (self._unwritten > 0 and self._unwritten_bytes >= self.max_pending_bytes))
+
+    def _enough(self) -> bool:
+        """(lock held) The rounds queued end a gathering: half the queue, in rounds or in bytes, so that gathering
+        never makes `submit` wait."""
+        return (self._unwritten >= max(1, self.max_pending // 2)
+                or self._unwritten_bytes >= max(1, self.max_pending_bytes // 2))
 
     def _gather(self) -> None:
         """Wait until `min_interval_s` after the last write began, unless the writer must hurry."""
         with self._idle:
             while not (self._closing.is_set() or self._given_up or self._flushing or self._wait_until is not None
-                       or self._hurry or self._unwritten >= self._enough):
+                       or self._hurry or self._enough()):
                 remaining = self._last_write + self.min_interval_s - time.monotonic()
                 if remaining <= 0:
                     return
@@ -194,7 +213,7 @@ class TableWriter:
                 self._hurry = False  # every round handed with it is in the queue: drained below
             self._last_write = time.monotonic()
             batch = [first]
-            while len(batch) < MAX_MERGED_ROUNDS:
+            while len(batch) < self.max_pending:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -226,6 +245,7 @@ class TableWriter:
             self.abandoned += len(items)
         with self._idle:
             self._unwritten -= len(items)
+            self._unwritten_bytes -= sum(_nbytes(item.tables) for item in items)
             for item in items:
                 self._held[item.part] -= 1
                 if self._held[item.part] <= 0:
@@ -240,12 +260,17 @@ class TableWriter:
             while True:
                 try:
                     self.store.replace(table, rows, part)
+                    if self._failing:
+                        with self._idle:
+                            self._failing = False
+                            self._idle.notify_all()
                     break
                 except Exception as error:  # noqa: BLE001 - logged, retried: losing it would lose positions
                     if self._closing.is_set() or self._given_up:  # closed, or abandoned (lease lost)
                         log.error("%s: giving up writing %s, and every round after it: %s", table, shown, error)
                         return False
                     log.error("%s: writing %s failed (retrying in %.1f s): %s", table, shown, pause_s, error)
+                    self._failing = True
                     self._closing.wait(pause_s)
                     pause_s = min(pause_s * 2, _MAX_PAUSE_S)
         return True
@@ -255,6 +280,10 @@ class TableWriter:
 def _ordered(item: SliceWrite) -> bool:
     order = [TABLE_ORDER.index(table) if table in TABLE_ORDER else None for table, _ in item.tables]
     return None not in order and order == sorted(order)
+
+
+def _nbytes(tables) -> int:
+    return sum(rows.nbytes for _, rows in tables)
 
 
 def _mergeable(batch: list[SliceWrite], item: SliceWrite) -> bool:
