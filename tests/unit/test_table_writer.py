@@ -229,7 +229,8 @@ def test_a_minute_of_rounds_gathers_into_one_commit_per_table_named_by_one_term_
 
 def test_slices_of_several_writers_name_each_writers_batches_once():
     both = Slices((Slice("stream:q", 4), Slice("catchup:r't", 7), Slice("stream:q", 3), Slice("stream:q", 4)))
-    assert both.predicate == "(writer = 'stream:q' AND batch_id IN (3, 4)) OR (writer = 'catchup:r''t' AND batch_id IN (7))"
+    assert both.predicate == ("(writer = 'stream:q' AND batch_id IN (3, 4)) OR "
+                              "(writer = 'catchup:r''t' AND batch_id IN (7))")
 
 
 def test_while_a_write_fails_delivery_waits_after_a_few_rounds_whatever_the_queue_holds():
