@@ -4,7 +4,7 @@
 
 The job of the issue: 10 subscriptions on one topic of 4 partitions, a round a second, all day. Each round
 writes 40 `offsets` rows and 10 `metrics` rows (the two tables every round writes), and the job's lease is
-renewed every 10 s (one `leases` commit). A delta-spark commit takes seconds on 2 cores, so a day (86,400
+renewed every 30 s (one `leases` commit). A delta-spark commit takes seconds on 2 cores, so a day (86,400
 rounds) cannot be written here: the script writes N commits of C rounds each per table through Herald's own
 store (`SparkDeltaStore`, then `DeltaRsStore`; C: what the table writer gathers at `storage.commitIntervalMs`),
 runs Herald's maintenance on them (`store.maintain`: compaction, vacuum, checkpoint, log cleanup), and measures
@@ -56,12 +56,13 @@ from herald.engine.rounds import position_rows  # noqa: E402
 from herald.config.settings import StorageSettings  # noqa: E402
 from herald.storage.properties import CHECKPOINT_INTERVAL  # noqa: E402
 from herald.storage.store import COMPACT_TARGET_BYTES, DEFAULT_RETENTION_HOURS, Slice, Slices, TableStore  # noqa: E402
+from herald.storage.lease import RENEW_S, TTL_S  # noqa: E402
 from herald.storage.writer import MAX_PENDING_ROUNDS  # noqa: E402
 from herald.storage.tables import LEASES, LEASES_SCHEMA, METRICS, METRICS_SCHEMA, OFFSETS  # noqa: E402
 
 SUBSCRIPTIONS, PARTITIONS = 10, 4
 DAY_S = 86_400
-LEASE_RENEW_S = 10
+LEASE_RENEW_S = RENEW_S
 NOW = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
 MB = 1_000_000
 SCRATCH_FILES = 120
@@ -89,7 +90,7 @@ def lease_rows(renewal: int) -> pa.Table:
     at = NOW + dt.timedelta(seconds=LEASE_RENEW_S * renewal)
     return pa.Table.from_pylist([{
         "holder": "bench-host:4242:0f3c9a", "host": "bench-host", "pid": 4242, "acquired_at": NOW, "renewed_at": at,
-        "expires_at": at + dt.timedelta(seconds=30), "released": False, "writer": "lease:bench-host:4242:0f3c9a",
+        "expires_at": at + dt.timedelta(seconds=TTL_S), "released": False, "writer": "lease:bench-host:4242:0f3c9a",
         "batch_id": 0, "space": "boot-1/pid-ns-1"}], schema=LEASES_SCHEMA)
 
 

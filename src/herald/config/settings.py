@@ -46,14 +46,15 @@ class StorageSettings(Strict):
     `herald maintain` does it on demand). maintenanceRetentionHours: how old an unreferenced file must be before
     it is deleted; the tables' log and deleted-file retentions are the same (`herald.storage.properties`).
     commitIntervalMs: the least time between two writes of the table writer, so that rounds gather into one
-    commit per table (0: write each round as soon as the last write ended)."""
+    commit per table (0: write each round as soon as the last write ended). A minute by default, as Hermes
+    commits its offsets: a crash delivers up to that minute again."""
 
     path: str
     engine: Literal["auto", "spark", "deltalake"] = "auto"
     options: dict[str, str] = Field(default_factory=dict)  # object-store options for deltalake; never logged
     maintenanceIntervalHours: Annotated[float, Field(gt=0, le=8760)] | None = 6
     maintenanceRetentionHours: Annotated[float, Field(ge=0, le=87600)] = 168
-    commitIntervalMs: Annotated[int, Field(ge=0, le=60_000)] = 10_000
+    commitIntervalMs: Annotated[int, Field(ge=0, le=600_000)] = 60_000
 
 
 class StreamingSettings(Strict):

@@ -39,8 +39,11 @@ from herald.storage.tables import LEASES, LEASES_SCHEMA, at_ms, epoch_ms
 
 log = logging.getLogger(__name__)
 
-TTL_S = 30.0
-RENEW_S = 10.0
+TTL_S = 90.0
+RENEW_S = 30.0
+"""Every renewal is a commit to the `leases` table (a file, a log entry and, later, a tombstone): at 10 s they were
+a third of a day's storage (tests/benchmarks/README.md, storage_growth). A job on another host whose process died
+holds the path up to `TTL_S`; one on the same host is stale at once."""
 SETTLE_S = 0.0  # the least wait between writing one's row and reading the others (seconds)
 
 
