@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 from confluent_kafka import Producer
 
-SUITE_CONNECTOR = "python"  # Herald's confluent-kafka source, as before the jars were fetched
-SUITE_ENGINE = "deltalake"  # delta-rs
+SUITE_CONNECTOR = os.environ.get("HERALD_TEST_CONNECTOR", "python")  # Herald's confluent-kafka source, or "spark"
+SUITE_ENGINE = os.environ.get("HERALD_TEST_ENGINE", "deltalake")  # delta-rs, or "spark" (delta-spark)
 
 
 def require_jars(spark, class_name: str) -> None:
