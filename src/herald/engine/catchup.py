@@ -34,12 +34,15 @@ log = logging.getLogger(__name__)
 
 _IDLE_S = 0.5
 IDLE_RECHECK_MS = 10_000
+_ROUND_IDS = itertools.count(1)
+"""Catch-up round ids, unique in the process: a topic's rounds are written as `catchup:<run>:<topic>`, and a
+topic started again in the run (a new pipeline after an edit or a failure) must never reuse a round id, or its
+round would replace the earlier round's rows (its undelivered and parked messages) in the tables."""
 
 
 class CatchUp:
     def __init__(self, pipeline) -> None:
         self.pipeline = pipeline
-        self._rounds = itertools.count(1)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"herald-catchup-{pipeline.kafka_topic}", daemon=True)
@@ -47,6 +50,11 @@ class CatchUp:
 
     def start(self) -> None:
         self._thread.start()
+
+    @staticmethod
+    def next_round_id() -> int:
+        """The id its next round is written under (`_ROUND_IDS`)."""
+        return next(_ROUND_IDS)
 
     def wake(self) -> None:
         self._wake.set()
@@ -149,7 +157,7 @@ class CatchUp:
                     if pipeline.frontier is not None and behind(state.positions, pipeline.frontier):
                         state.catching_up = True
             steps.release_pins(context, participants, results)
-        batch_id = next(self._rounds)
+        batch_id = self.next_round_id()
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
                                           pipeline.kafka_topic, context.cluster, results),
                      time.monotonic() - started, stamp, park=pipeline.retries.park)
