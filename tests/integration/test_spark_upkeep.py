@@ -74,3 +74,20 @@ def test_rounds_merged_into_one_commit_replace_their_slices_with_no_checksum_fil
     assert found == sorted([("stream:q", 0)] * 2 + [(p.writer, p.batch_id) for p in parts.parts])
     log_dir = os.path.join(store.path(OFFSETS), "_delta_log")
     assert not [n for n in os.listdir(log_dir) if n.endswith(".crc") and not n.startswith(".")]
+
+
+def test_maintain_counts_the_files_vacuum_deleted(spark, tmp_path):
+    """Five rounds compacted into one file, with no retention: the five small files are deleted, and said."""
+    require_jars(spark, DELTA_SPARK_CLASS)
+    store = SparkDeltaStore(spark, str(tmp_path), retention_hours=0)
+    for batch_id in range(5):
+        _round(store, batch_id)
+    path = store.path(OFFSETS)
+    data = [n for n in os.listdir(path) if n.endswith(".parquet")]
+    assert len(data) == 5
+    upkeep = store.maintain(OFFSETS, 0)
+    assert (upkeep.files_removed, upkeep.files_added) == (5, 1)
+    assert upkeep.files_deleted == 5, upkeep
+    assert [n for n in os.listdir(path) if n.endswith(".parquet")] != data
+    assert len([n for n in os.listdir(path) if n.endswith(".parquet")]) == 1
+    assert store.read(OFFSETS).num_rows == 10

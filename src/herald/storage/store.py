@@ -316,8 +316,10 @@ class SparkDeltaStore(TableStore):
         with _session_conf(self.spark, sizes):
             optimized = self.spark.sql(f"OPTIMIZE {target}").collect()
         metrics = optimized[0]["metrics"] if optimized else None
+        vacuum = f"VACUUM {target} RETAIN {max(0, round(retention_hours))} HOURS"
         with _session_conf(self.spark, {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}):
-            deleted = self.spark.sql(f"VACUUM {target} RETAIN {max(0, round(retention_hours))} HOURS").count()
+            deleted = self.spark.sql(f"{vacuum} DRY RUN").count()  # the files it deletes (VACUUM says only where)
+            self.spark.sql(vacuum).collect()
         self._checkpoint(path)
         return TableUpkeep(table, int(metrics["numFilesRemoved"]) if metrics else 0,
                            int(metrics["numFilesAdded"]) if metrics else 0, deleted,
