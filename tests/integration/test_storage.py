@@ -77,3 +77,20 @@ def test_several_rounds_replaced_in_one_commit_replace_each_of_their_slices_and_
     assert DeltaTable(store.path(OFFSETS)).version() == version + 2, "one commit each"
     found = sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS, "a.b.s").to_pylist())
     assert found == sorted([("topic:t", 0)] * 2 + [("topic:t", 1)] * 2 + [("catchup:t", 7)] * 2)
+
+
+def test_a_minute_of_rounds_replaced_in_one_commit_leaves_the_rounds_between_them_alone(tmp_path):
+    """60 rounds of one writer merged (an IN list past delta-rs' 20-value pruning limit, bounded by a range), with
+    a gap: the round in the gap, written before by another commit, keeps its rows."""
+    import pyarrow as pa
+
+    from herald.storage.store import Slices
+
+    store = DeltaRsStore(str(tmp_path))
+    store.replace(OFFSETS, rows("a.b.s", "stream:q", 30), Slice("stream:q", 30))
+    merged = Slices(tuple(Slice("stream:q", b) for b in range(1, 62) if b != 30) + (Slice("catchup:t", 2),))
+    table = pa.concat_tables([rows("a.b.s", p.writer, p.batch_id) for p in merged.parts])
+    store.replace(OFFSETS, table, merged)
+    store.replace(OFFSETS, table, merged)  # replayed: replaces its own slices
+    found = sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS, "a.b.s").to_pylist())
+    assert found == sorted([(p.writer, p.batch_id) for p in merged.parts] * 2 + [("stream:q", 30)] * 2)

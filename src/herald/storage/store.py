@@ -43,15 +43,22 @@ class Slices:
 
     @property
     def predicate(self) -> str:
-        """One term per writer, its batch ids listed: a minute of rounds is hundreds of slices of a few writers."""
+        """One term per writer, its batch ids listed (a minute of rounds is hundreds of slices of a few writers),
+        and bounded: delta-rs prunes files by statistics on a range, not on an IN list of more than 20 values."""
         batches: dict[str, set[int]] = {}
         for part in self.parts:
             batches.setdefault(part.writer, set()).add(int(part.batch_id))
-        return " OR ".join(f"(writer = '{_sql_text(writer)}' AND batch_id IN ({', '.join(map(str, sorted(ids)))}))"
-                           for writer, ids in batches.items())
+        return " OR ".join(_batches_predicate(writer, sorted(ids)) for writer, ids in batches.items())
 
     def __str__(self) -> str:
         return f"{len(self.parts)} rounds ({self.parts[0]} .. {self.parts[-1]})"
+
+
+def _batches_predicate(writer: str, ids: list[int]) -> str:
+    if len(ids) == 1:
+        return f"({Slice(writer, ids[0]).predicate})"
+    return (f"(writer = '{_sql_text(writer)}' AND batch_id BETWEEN {ids[0]} AND {ids[-1]} "
+            f"AND batch_id IN ({', '.join(map(str, ids))}))")
 
 
 def _sql_text(text: str) -> str:

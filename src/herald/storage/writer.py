@@ -204,15 +204,15 @@ class TableWriter:
         carried: SliceWrite | None = None  # taken from the queue, not mergeable with the rounds before it
         while True:
             first = carried if carried is not None else self._queue.get()
-            carried, last = None, False
             if first is None:
                 return
-            if self.min_interval_s:
-                self._gather()
+            if self.min_interval_s and carried is None:  # a round left over from the last drain is written now:
+                self._gather()  # a hurried one may be queued behind it, its hurry already taken
+            carried, last = None, False
             with self._idle:
                 self._hurry = False  # every round handed with it is in the queue: drained below
             self._last_write = time.monotonic()
-            batch = [first]
+            batch, parts, ordered = [first], {first.part}, _ordered(first)
             while len(batch) < self.max_pending:
                 try:
                     item = self._queue.get_nowait()
@@ -221,10 +221,11 @@ class TableWriter:
                 if item is None:
                     last = True
                     break
-                if not _mergeable(batch, item):
+                if not (ordered and _ordered(item) and item.part not in parts):  # a round handed twice: alone
                     carried = item
                     break
                 batch.append(item)
+                parts.add(item.part)
             self._write_all(batch)
             if last:
                 return
@@ -284,13 +285,6 @@ def _ordered(item: SliceWrite) -> bool:
 
 def _nbytes(tables) -> int:
     return sum(rows.nbytes for _, rows in tables)
-
-
-def _mergeable(batch: list[SliceWrite], item: SliceWrite) -> bool:
-    """Whether `item` may be written together with `batch`: every table of both in `TABLE_ORDER`, and its slice
-    not among theirs (a round handed over twice keeps its last rows)."""
-    return _ordered(item) and all(_ordered(other) for other in batch) and \
-        item.part not in {other.part for other in batch}
 
 
 def _writes(items: list[SliceWrite]) -> list[tuple[str, pa.Table, Slice | Slices]]:
