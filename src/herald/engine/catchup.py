@@ -147,15 +147,10 @@ class CatchUp:
         finally:
             with pipeline.lock:
                 stamp = pipeline.apply(participants, results)
-                for state in group:
-                    state.last_served_s = time.monotonic()
-                for result in results:
-                    state = next(state for state in group if state.id == result.subscription.id)
-                    if not _acted(result, before[state.id], state.positions):
-                        state.idle = (frontier, _wake_ms(state))
-                for state in group:  # the query may have moved on (or restarted) during the round
-                    if pipeline.frontier is not None and behind(state.positions, pipeline.frontier):
-                        state.catching_up = True
+                try:  # its outcome is taken: nothing here may keep it from being recorded
+                    _after_round(pipeline, group, results, before, frontier)
+                except Exception:  # noqa: BLE001 - bookkeeping of when to run again; the round is recorded
+                    log.exception("%s catch-up: after its round", pipeline.kafka_topic)
             steps.release_pins(context, participants, results)
         batch_id = self.next_round_id()
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
@@ -179,6 +174,20 @@ class CatchUp:
                 deleted.append((partition, start, min(low, end)))
             clamped[partition] = (min(max(start, low), end), end)
         return clamped, deleted
+
+
+def _after_round(pipeline, group: list[SubscriptionState], results, before: dict, frontier) -> None:
+    """(lock held) When the group's subscriptions run again: idle until something can change for those the round
+    could do nothing for, catching up again for those the query moved past during the round."""
+    for state in group:
+        state.last_served_s = time.monotonic()
+    for result in results:
+        state = next(state for state in group if state.id == result.subscription.id)
+        if not _acted(result, before[state.id], state.positions):
+            state.idle = (frontier, _wake_ms(state))
+    for state in group:  # the query may have moved on (or restarted) during the round
+        if pipeline.frontier is not None and behind(state.positions, pipeline.frontier):
+            state.catching_up = True
 
 
 def _acted(result, before: dict[int, int], after: dict[int, int]) -> bool:
