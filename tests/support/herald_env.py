@@ -1,9 +1,11 @@
 """Building a conf directory for tests and producing messages to the embedded broker.
 
-The suite's stack is pinned here, not left to `auto`: `make install` fetches Spark's Kafka source and delta-spark,
-which `auto` would then pick, but a delta-spark commit of one round takes 4-7 s on 2 cores against milliseconds
-with delta-rs. A test that wants the other parts says so: `settings={"kafka": {"connector": "spark"}}` or
-`settings={"storage": {"engine": "spark"}}`.
+The suite's stack is pinned here, not left to `auto`: Spark's Kafka source (what users run; `make install`
+fetches it), and delta-rs for the tables, because a delta-spark commit of one round takes 2-7 s on 2 cores
+against milliseconds with delta-rs, and the suite writes every round at once (`commitIntervalMs: 0`). A test
+that wants the other parts says so: `settings={"kafka": {"connector": "python"}}` (Herald's own source: the tests
+of its code, and the scenarios run on both) or `settings={"storage": {"engine": "spark"}}`. HERALD_TEST_CONNECTOR
+and HERALD_TEST_ENGINE change the default for a whole run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import yaml
 from confluent_kafka import Producer
 
-SUITE_CONNECTOR = os.environ.get("HERALD_TEST_CONNECTOR", "python")  # Herald's confluent-kafka source, or "spark"
+SUITE_CONNECTOR = os.environ.get("HERALD_TEST_CONNECTOR", "spark")  # Spark's Kafka source, or "python" (Herald's)
 SUITE_ENGINE = os.environ.get("HERALD_TEST_ENGINE", "deltalake")  # delta-rs, or "spark" (delta-spark)
 
 
@@ -53,7 +55,7 @@ def write_topics_conf(root: Path, bootstrap_servers: str, topics: dict[str, dict
     (conf / "subscriptions").mkdir(exist_ok=True)
     herald = {
         "kafka": {"bootstrapServers": bootstrap_servers, "connector": SUITE_CONNECTOR, "cluster": "test"},
-        # rounds written as they end (the default gathers them for 10 s): tests read the tables while jobs run
+        # rounds written as they end (the default gathers them for a minute): tests read the tables while jobs run
         "storage": {"path": str(root / "storage"), "engine": SUITE_ENGINE, "commitIntervalMs": 0},
         "streaming": {"triggerInterval": "200 milliseconds", "maxOffsetsPerTrigger": 1000, "configPollMs": 500},
         "rateControl": {"adjustIntervalMs": 500, "slowRate": 20, "heartbeatIntervalMs": 2000},
