@@ -26,7 +26,16 @@ def _round(store: SparkDeltaStore, batch_id: int) -> None:
                   Slice("stream:q", batch_id))
 
 
-def test_a_new_delta_spark_table_has_herald_properties_and_maintain_checkpoints_it(spark, tmp_path):
+def test_a_new_delta_spark_table_has_herald_properties_takes_merged_rounds_and_maintain_keeps_it_small(spark,
+                                                                                                      tmp_path):
+    """Herald's properties on a new table; a minute of rounds of two writers merged into one commit (`Slices`)
+    and replayed replaces its own slices and no other, with no `.crc` beside a commit; `maintain` compacts,
+    deletes the files no version needs (and counts them) and writes a checkpoint (delta-spark only does at its
+    100th commit). One maintenance pass: each costs minutes on 2 cores."""
+    import pyarrow as pa
+
+    from herald.storage.store import Slices
+
     require_jars(spark, DELTA_SPARK_CLASS)
     store = SparkDeltaStore(spark, str(tmp_path), retention_hours=48)
     _round(store, 0)
@@ -35,10 +44,29 @@ def test_a_new_delta_spark_table_has_herald_properties_and_maintain_checkpoints_
     assert {key: configuration.get(key) for key in table_properties(OFFSETS, 48)} == table_properties(OFFSETS, 48)
     assert len(DeltaTable(path).file_uris()) == 1, "a round's rows are one file"
 
-    upkeep = store.maintain(OFFSETS, 48)
-    assert any(name.endswith(".checkpoint.parquet") for name in os.listdir(os.path.join(path, "_delta_log")))
+    def rows(writer: str, batch_id: int):
+        return position_rows("g.t.s", "g.t", {0: batch_id}, writer, batch_id, NOW)
+
+    parts = Slices(tuple(Slice("stream:q", b) for b in range(1, 40)) + (Slice("catchup:r", 7),))
+    merged = pa.concat_tables([rows(p.writer, p.batch_id) for p in parts.parts])
+    store.replace(OFFSETS, merged, parts)
+    store.replace(OFFSETS, merged, parts)  # a replay of the same rounds: its first file is replaced
+    found = sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS).to_pylist())
+    assert found == sorted([("stream:q", 0)] * 2 + [(p.writer, p.batch_id) for p in parts.parts])
+    log_dir = os.path.join(path, "_delta_log")
+    assert not [n for n in os.listdir(log_dir) if n.endswith(".crc") and not n.startswith(".")]
+    assert len(DeltaTable(path).file_uris()) == 2
+    on_disk = [n for n in os.listdir(path) if n.endswith(".parquet")]
+    assert len(on_disk) >= 3, "the two live files and at least the replaced one"
+
+    upkeep = store.maintain(OFFSETS, 0)
+    assert (upkeep.files_removed, upkeep.files_added) == (2, 1)
+    assert upkeep.files_deleted == len(on_disk), "all but the compacted file (VACUUM's one row is the path)"
+    assert [n for n in os.listdir(path) if n.endswith(".parquet")] not in ([], on_disk)
+    assert len(DeltaTable(path).file_uris()) == 1
+    assert any(name.endswith(".checkpoint.parquet") for name in os.listdir(log_dir))
     assert upkeep.log_files_after is not None and upkeep.log_files_before is not None
-    assert store.read(OFFSETS).num_rows == 2
+    assert sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS).to_pylist()) == found
 
 
 def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(spark, tmp_path):
@@ -51,43 +79,3 @@ def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(sp
     assert configuration["delta.deletedFileRetentionDuration"] == "interval 168 hours"
     assert configuration["delta.checkpointInterval"] == "500"
 
-
-def test_rounds_merged_into_one_commit_replace_their_slices_with_no_checksum_file(spark, tmp_path):
-    """The table writer merges a minute of rounds of several writers into one commit (`Slices`, one term per
-    writer); replayed, they replace their own rows and no other. delta-spark writes no `.crc` beside a commit."""
-    import pyarrow as pa
-
-    from herald.storage.store import Slices
-
-    require_jars(spark, DELTA_SPARK_CLASS)
-    store = SparkDeltaStore(spark, str(tmp_path))
-    _round(store, 0)
-
-    def rows(writer: str, batch_id: int):
-        return position_rows("g.t.s", "g.t", {0: batch_id}, writer, batch_id, NOW)
-
-    parts = Slices(tuple(Slice("stream:q", b) for b in range(1, 40)) + (Slice("catchup:r", 7),))
-    merged = pa.concat_tables([rows(p.writer, p.batch_id) for p in parts.parts])
-    store.replace(OFFSETS, merged, parts)
-    store.replace(OFFSETS, merged, parts)  # a replay of the same rounds
-    found = sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS).to_pylist())
-    assert found == sorted([("stream:q", 0)] * 2 + [(p.writer, p.batch_id) for p in parts.parts])
-    log_dir = os.path.join(store.path(OFFSETS), "_delta_log")
-    assert not [n for n in os.listdir(log_dir) if n.endswith(".crc") and not n.startswith(".")]
-
-
-def test_maintain_counts_the_files_vacuum_deleted(spark, tmp_path):
-    """Five rounds compacted into one file, with no retention: the five small files are deleted, and said."""
-    require_jars(spark, DELTA_SPARK_CLASS)
-    store = SparkDeltaStore(spark, str(tmp_path), retention_hours=0)
-    for batch_id in range(5):
-        _round(store, batch_id)
-    path = store.path(OFFSETS)
-    data = [n for n in os.listdir(path) if n.endswith(".parquet")]
-    assert len(data) == 5
-    upkeep = store.maintain(OFFSETS, 0)
-    assert (upkeep.files_removed, upkeep.files_added) == (5, 1)
-    assert upkeep.files_deleted == 5, upkeep
-    assert [n for n in os.listdir(path) if n.endswith(".parquet")] != data
-    assert len([n for n in os.listdir(path) if n.endswith(".parquet")]) == 1
-    assert store.read(OFFSETS).num_rows == 10

@@ -53,6 +53,6 @@ class PeriodicMaintenance:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             for upkeep in maintain_tables(self.store, self.retention_hours):
-                log.info("table %s: %d file(s) compacted into %d, %d deleted; log %s file(s) -> %s", upkeep.table,
+                log.info("table %s: %d file(s) compacted into %d, %s deleted; log %s file(s) -> %s", upkeep.table,
                          upkeep.files_removed, upkeep.files_added, upkeep.files_deleted, upkeep.log_files_before,
                          upkeep.log_files_after)
