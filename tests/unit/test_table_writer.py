@@ -48,6 +48,15 @@ def _flat(written: list[tuple[str, Slice | Slices]]) -> list[tuple[str, int]]:
     return [(table, part.batch_id) for table, piece in written for part in getattr(piece, "parts", (piece,))]
 
 
+def _first_round_written(writer: TableWriter, store: FlakyStore) -> None:
+    """Round 0 handed over and written (its two tables): the writer's interval starts from that write."""
+    assert writer.submit(*_round(0))
+    deadline = time.monotonic() + 10
+    while len(store.written) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(store.written) == 2
+
+
 def test_rounds_are_written_in_order_positions_last():
     store = FlakyStore()
     writer = TableWriter(store)
@@ -137,10 +146,8 @@ def test_rounds_waiting_for_the_writer_are_written_together_one_commit_per_table
 def test_with_a_commit_interval_rounds_gather_into_one_commit_per_table():
     store = FlakyStore()
     writer = TableWriter(store, min_interval_s=0.6)
-    assert writer.submit(*_round(0))  # the first write starts at once
+    _first_round_written(writer, store)  # the first write starts at once
     deadline = time.monotonic() + 5
-    while len(store.written) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
     started = time.monotonic()
     for n in range(1, 4):
         assert writer.submit(*_round(n))
@@ -211,10 +218,7 @@ def test_a_minute_of_rounds_gathers_into_one_commit_per_table_named_by_one_term_
     """At the default interval a round a second is 60 rounds a commit: beyond the old 16-round queue."""
     store = FlakyStore()
     writer = TableWriter(store, min_interval_s=30.0)
-    assert writer.submit(*_round(0))
-    deadline = time.monotonic() + 5
-    while len(store.written) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _first_round_written(writer, store)
     for n in range(1, 61):
         assert writer.submit(*_round(n))
     time.sleep(0.3)
@@ -256,13 +260,10 @@ def test_while_a_write_fails_delivery_waits_after_a_few_rounds_whatever_the_queu
 
 def test_rows_past_half_the_byte_bound_end_the_gathering_and_past_the_bound_make_submit_wait():
     store = FlakyStore()
-    part, tables = _round(0)
-    size = sum(rows.nbytes for _, rows in tables)
+    size = sum(rows.nbytes for _, rows in _round(0)[1])
     writer = TableWriter(store, min_interval_s=60.0, max_pending_bytes=4 * size)
-    assert writer.submit(part, tables)
+    _first_round_written(writer, store)
     deadline = time.monotonic() + 5
-    while len(store.written) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
     assert writer.submit(*_round(1))
     time.sleep(0.2)
     assert writer.pending == 1, "a quarter of the bound gathers"
@@ -278,12 +279,10 @@ def test_a_hurried_round_queued_behind_a_round_handed_twice_does_not_wait_the_in
     hold the hurried round queued behind it (its hurry was taken by the first drain)."""
     store = FlakyStore()
     writer = TableWriter(store, min_interval_s=60.0)
-    assert writer.submit(*_round(0))
-    deadline = time.monotonic() + 10
-    while len(store.written) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _first_round_written(writer, store)
     assert writer.submit(*_round(1)) and writer.submit(*_round(1))
     assert writer.submit(*_round(2), hurry=True)
+    deadline = time.monotonic() + 10
     while writer.pending and time.monotonic() < deadline:
         time.sleep(0.01)
     assert writer.pending == 0, "everything written within seconds, not after the minute"
