@@ -78,3 +78,27 @@ def test_a_pin_that_cannot_be_given_back_does_not_keep_the_round_from_being_reco
     pipeline.deliver_batch(None, 7, {0: (25, 25), 1: (30, 30)}, "stream:q")
     pipeline.context.writer.close()
     assert stored_positions(pipeline.context.store)[(state.id, TOPIC)] == {0: 25, 1: 30}
+
+
+def test_a_round_the_writer_gave_up_is_neither_retried_nor_told_to_its_listeners(tmp_path):
+    """After the writer stopped (closed, or abandoned at an earlier round) a round's rows are never written: its
+    parked messages must not be retried by this run and its DISCARDED ones not published as dead letters, as the
+    next run delivers all of them again from the positions written before."""
+    pipeline, state = _pipeline(tmp_path)
+    heard: list = []
+    pipeline.context.round_listeners.append(lambda result, duration_s: heard.append(result.batch_id))
+    stamp, outcome = _round_over(pipeline, state, {0: 10, 1: 10})
+    _record(pipeline, stamp, outcome, batch_id=1)
+    assert heard == [1]
+    pipeline.context.writer.abandon()
+
+    stamp, outcome = _round_over(pipeline, state, {0: 20, 1: 20})
+    now = now_ms()
+    outcome.parked = [Parked(Record(partition=0, offset=12, timestamp_ms=now, message_id="m12", body=b"{}"),
+                             RetryState(attempts=1, first_read_ms=now - 1000, due_ms=now + 60_000, last_status=503))]
+    taken: list = []
+    steps.record(pipeline.context, RoundResult(STREAM, "stream:q", 2, TOPIC, "test", [outcome]), 0.0, stamp,
+                 park=lambda subscription, kafka_topic, parked: taken.extend(parked))
+    assert taken == [] and heard == [1], "a round with no rows went on to the retry driver or its listeners"
+    pipeline.context.writer.close()
+    assert stored_positions(pipeline.context.store).get((state.id, TOPIC)) in (None, {0: 10, 1: 10})

@@ -156,13 +156,16 @@ def record(context: EngineContext, result: RoundResult, duration_s: float, stamp
     retry driver: after their PARKED rows, so that a retry round's rows about them are always written later),
     then tell the round's listeners. Empty tables are skipped, unless the round may replay an earlier run's
     (its old slices are then cleared too). When the rows or the parked messages cannot be handed over, the job
-    writes nothing more and stops (`EngineContext.unrecorded`), and this raises."""
+    writes nothing more and stops (`EngineContext.unrecorded`), and this raises. A round the writer gives up
+    (it is closed, or stopped at an earlier round: nothing of this round or later is written) goes no further:
+    its parked messages are not retried and its listeners never hear of it (no dead letter is published for a
+    DISCARDED row that is never written; the next run delivers the round's messages again)."""
     try:
         tables = table_rows(result, stamp)
         if not possible_replay:
             tables = [(table, rows) for table, rows in tables if rows.num_rows]
-        if tables:
-            context.writer.submit(Slice(result.writer, result.batch_id), tables)
+        if tables and not context.writer.submit(Slice(result.writer, result.batch_id), tables):
+            return  # the writer is closed or stopped at an earlier round: the next run delivers these again
         if park is not None:
             for outcome in result.outcomes:
                 if outcome.parked:
