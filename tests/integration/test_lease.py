@@ -101,3 +101,53 @@ def test_a_second_herald_run_on_the_same_storage_exits_at_once_naming_the_first(
     assert f"process {holder.pid} on {holder.host}" in second.stdout
     assert "Traceback" not in second.stdout + second.stderr
     assert len(sub.requests) == 1, "the second job delivered nothing"
+
+
+class _FakeTime:
+    """`time` as the lease module sees it: commits advance `monotonic` by what they cost, `sleep` is recorded."""
+
+    def __init__(self) -> None:
+        self.now_s, self.slept = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    @staticmethod
+    def time() -> float:  # the wall clock the rows are stamped with
+        import time
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now_s += seconds
+
+
+class _FirstCommitSlow:
+    """A store whose first commit costs 20 s (a new JVM's first delta-spark commit) and later ones 2 s."""
+
+    def __init__(self, store, clock: _FakeTime) -> None:
+        self.store, self.clock, self.rows = store, clock, []
+        self.root = store.root
+
+    def replace(self, table, rows, part):
+        self.clock.now_s += 2.0 if self.rows else 20.0
+        self.rows.append(rows.to_pylist()[0])
+        self.store.replace(table, rows, part)
+
+    def read(self, table, subscription_id=None):
+        return self.store.read(table, subscription_id)
+
+
+def test_the_wait_after_taking_the_lease_is_measured_on_a_warm_commit(tmp_path, monkeypatch):
+    """The job's first commit is a released row (no one counts it): the live row is written warm, and the wait
+    before reading the others is two of that commit's time (4 s), not two of a cold one's (40 s)."""
+    from herald.storage import lease as lease_module
+    clock = _FakeTime()
+    monkeypatch.setattr(lease_module, "time", clock)
+    store = _FirstCommitSlow(DeltaRsStore(str(tmp_path / "storage")), clock)
+    lease = _lease(store)
+    lease.acquire()
+    assert [row["released"] for row in store.rows] == [True, False]
+    assert clock.slept == [4.0]
+    assert [h.holder for h in lease._live()] == [lease.holder]
+    lease._write(lease.clock_ms(), released=True)

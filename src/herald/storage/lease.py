@@ -10,7 +10,8 @@ expired and has not been released. Taking it: read the live leases; if another h
 write one's own row and read again: of the live leases, the one taken first (earliest `acquired_at`, then
 holder) wins, and everyone reading the same rows picks the same one. Of two jobs starting together, the one
 that stamped its row first may commit it later; so a job waits as long as two of its own commits took before it
-reads the others, and both then see both rows. Only a commit much slower than one's own, or clocks far apart,
+reads the others, and both then see both rows. That commit is a warm one: a job first writes its row as
+released (no one counts it), as a first commit costs many times a later one on delta-spark. Only a commit much slower than one's own, or clocks far apart,
 can make both think they are first: every renewal checks again, so one of them stops within `renew_s`.
 
 A lease whose holder ran on this host, in the same boot and PID namespace, and whose process is gone (kill -9)
@@ -148,6 +149,10 @@ class StorageLease:
         others = [h for h in self._live() if h.holder != self.holder]
         if others:
             raise LeaseHeld(_held_message(self.store, min(others, key=lambda h: (h.acquired_ms, h.holder))))
+        # a released row first, which no one counts: the first commit of a job is its slowest by far (delta-spark
+        # on a new JVM: 15-20 s, against 2-3 s once warm), and the wait below is measured on the next one
+        self._acquired_ms = self.clock_ms()
+        self._write(self._acquired_ms, released=True)
         self._acquired_ms = self.clock_ms()
         started = time.monotonic()
         self._write(self._acquired_ms + int(self.ttl_s * 1000))
