@@ -17,7 +17,6 @@ The demo subscriber answers like a real, somewhat unreliable service:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import shutil
@@ -122,7 +121,7 @@ def run_demo(conf_dir: Path) -> int:
     from herald.engine.runner import Runner
     from herald.publish import publish
 
-    config = _with_quick_tables(load_config(conf_dir))
+    config = load_config(conf_dir)
     storage = Path(config.storage_path)
     if storage.exists() and ".herald" in storage.parts:
         shutil.rmtree(storage)  # a fresh demo every time (only ever under a .herald directory)
@@ -157,16 +156,6 @@ def run_demo(conf_dir: Path) -> int:
             subscriber.stop()
         if not broker_was_up:
             broker.down()
-
-
-def _with_quick_tables(config: HeraldConfig) -> HeraldConfig:
-    """The demo writes its tables with delta-rs where herald.yaml leaves the engine to `auto`: with the jars
-    `make install` fetches, auto would pick delta-spark, whose commits take seconds each on a small machine (the
-    whole demo: 215 s instead of 50 s on 2 cores). The Kafka source stays as configured."""
-    if config.settings.storage.engine != "auto":
-        return config
-    storage = config.settings.storage.model_copy(update={"engine": "deltalake"})
-    return dataclasses.replace(config, settings=config.settings.model_copy(update={"storage": storage}))
 
 
 def _report(config: HeraldConfig, subscriber: DemoSubscriber | None) -> None:
