@@ -7,8 +7,9 @@ rows a subscription went through can be counted without touching each row once p
 
 Input columns (see `herald.engine.projection`): partition, offset, timestamp, value (the message as JSON
 subscriptions receive it), headers, targets (array<int>: the lanes whose filters passed), and for AVRO topics
-avro (the Avro binary AVRO subscriptions receive), error, raw, schema_id, schema_version. A row that could not be decoded (`error`) goes to every lane: each one records it as
-undelivered.
+avro (the Avro binary AVRO subscriptions receive), error, raw, schema_id, schema_version; and position_id (the
+message id of a row without an `id` header, computed in the JVM for the rows that go somewhere; computed here for
+the others). A row that could not be decoded (`error`) goes to every lane: each one records it as undelivered.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 
 from herald.delivery.message import Record, message_id
 
-_OPTIONAL = ("key", "avro", "error", "raw", "schema_id", "schema_version")
+_OPTIONAL = ("key", "avro", "error", "raw", "schema_id", "schema_version", "position_id")
 
 
 @dataclass
@@ -74,7 +75,7 @@ def _convert(batch: pa.RecordBatch, topic: str, every_lane: tuple[int, ...], eve
             partition=partition,
             offset=offset,
             timestamp_ms=timestamps[i] or 0,
-            message_id=ids.get(i) or message_id(topic, partition, offset, None),
+            message_id=ids.get(i) or optional["position_id"][i] or message_id(topic, partition, offset, None),
             body=columns["value"][i],
             avro=optional["avro"][i],
             error=optional["error"][i],
