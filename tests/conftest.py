@@ -23,6 +23,7 @@ SLOW_FILES_FIRST = (
     "test_many_topics.py",
     "test_restart_catch_up.py",
     "test_spark_upkeep.py",
+    "test_stack_parity.py",
     "test_filter_compile.py",
     "test_avropath_compile.py",
     "test_batch_e2e.py",
