@@ -5,14 +5,17 @@ topics, each into its own storage, to the same kind of real subscriber.
 The scenario covers what the two stacks implement apart: the read (partitions, offsets, timestamps, headers),
 the filters over it (jsonpath, header, avropath), decoding (a JSON and an AVRO topic, a record that is no Avro),
 SERIAL and BATCH delivery, retries inside a round, a 400 that discards, a message parked behind a long
-Retry-After, and the tables each engine writes (undelivered rows, parked retries, positions, metrics, all read
+Retry-After, a retransmission by date (a second run, where that subscription catches up over a bounded range of
+offsets), and the tables each engine writes (undelivered rows, parked retries, positions, metrics, all read
 back with delta-rs as the CLI reads them). What each endpoint received (message ids, bodies, attempts) and
 every row must be the same.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 
 import pytest
 import yaml
@@ -20,6 +23,7 @@ import yaml
 from herald import readout
 from herald.avro.jvm import SPARK_AVRO_CLASS
 from herald.config import load_config
+from herald.engine.moves import retransmit
 from herald.engine.runner import Runner
 from herald.storage import DeltaRsStore
 from herald.storage.store import DELTA_SPARK_CLASS
@@ -66,26 +70,32 @@ def documents(source: str, first: int, count: int) -> list[dict]:
     return out
 
 
-def publish(broker, json_topic: str, avro_topic: str) -> None:
+def publish(broker, json_topic: str, avro_topic: str) -> dt.datetime:
+    """The messages; returns a time between the "web" ones and the "app" ones (published after it)."""
     broker.create_topics({json_topic: 3, avro_topic: 2})
     produce(broker.bootstrap_servers, json_topic, documents("web", 0, 30), headers=[("source", b"web")])
+    time.sleep(1.0)
+    between = dt.datetime.now(dt.timezone.utc)
+    time.sleep(1.0)
     produce(broker.bootstrap_servers, json_topic, documents("app", 100, 25), headers=[("source", b"app")])
     cities = [["Krakow"], ["Berlin", "Krakow"], ["Paris"], []]
     values = [(avro_bytes(ORDER, order(i, cities[i % len(cities)], status="PAID" if i % 2 else "NEW")), None)
               for i in range(24)]
     values.insert(9, (b"\x07not avro", None))
     produce_raw(broker.bootstrap_servers, avro_topic, values)
+    return between
 
 
-def conf_for(tmp_path, broker, stack: str, json_topic: str, avro_topic: str, url: str):
+def conf_for(tmp_path, broker, stack: str, json_topic: str, avro_topic: str, url: str, first: bool = True):
     """One job over both topics with `stack`'s parts; rounds gathered as by default (a minute: one commit of each
-    table at the end of the run, not one per round)."""
+    table at the end of the run, not one per round). `first`: a new conf directory, else the same one (the
+    subscriber's URL changed)."""
     topics = {topic: {name: {**fields, "endpoint": f"{url}/{name}"} for name, fields in subscriptions.items()}
               for topic, subscriptions in ((json_topic, JSON_SUBSCRIPTIONS), (avro_topic, AVRO_SUBSCRIPTIONS))}
     settings = {key: dict(value) for key, value in STACKS[stack].items()}
     settings["storage"]["commitIntervalMs"] = 60_000
     conf = write_topics_conf(tmp_path / stack, broker.bootstrap_servers, topics, settings)
-    (conf / "schemas").mkdir()
+    (conf / "schemas").mkdir(exist_ok=True)
     (conf / "schemas" / "order.avsc").write_text(json.dumps(ORDER))
     (conf / "topics" / f"{avro_topic}.yaml").write_text(
         yaml.safe_dump({"name": avro_topic, "contentType": "AVRO", "schemaFile": "schemas/order.avsc"}))
@@ -106,11 +116,17 @@ def received(requests) -> dict[str, list]:
     return {name: sorted(items) for name, items in out.items()}
 
 
-def deliver(spark, tmp_path, broker, stack: str, json_topic: str, avro_topic: str) -> dict:
+def deliver(spark, tmp_path, broker, stack: str, json_topic: str, avro_topic: str, again_from: dt.datetime) -> dict:
+    """Two `--once` runs on `stack`: the first over everything, the second after `paid` was moved back to
+    `again_from` (`herald retransmit`: it catches up over a bounded range while the others have nothing new)."""
     with ScriptedSubscriber() as subscriber:
         config = conf_for(tmp_path, broker, stack, json_topic, avro_topic, subscriber.url)
         assert Runner(config, spark=spark).run(once=True) == 0
     store = DeltaRsStore(config.storage_path)
+    retransmit(store, config.settings.kafka.client_config(), f"{json_topic}.paid", json_topic, again_from)
+    with ScriptedSubscriber() as again:
+        config = conf_for(tmp_path, broker, stack, json_topic, avro_topic, again.url, first=False)
+        assert Runner(config, spark=spark).run(once=True) == 0
     parked = store.latest(RETRIES, ("subscription", "partition", "offset"), "recorded_at DESC, batch_id DESC")
     tables = {}
     for subscription in config.subscriptions:
@@ -125,16 +141,16 @@ def deliver(spark, tmp_path, broker, stack: str, json_topic: str, avro_topic: st
             "retries": sorted((row["partition"], row["offset"], row["message_id"], row["state"], row["attempts"],
                                row["http_status"]) for row in parked.to_pylist() if row["subscription"] == name),
         }
-    return {"received": received(subscriber.requests), "tables": tables}
+    return {"received": received(subscriber.requests), "again": received(again.requests), "tables": tables}
 
 
 def test_both_stacks_deliver_and_record_the_same(broker, spark, topic_name, tmp_path):
     require_jars(spark, DELTA_SPARK_CLASS)
     require_jars(spark, SPARK_AVRO_CLASS)
     json_topic, avro_topic = f"{topic_name}.json", f"{topic_name}.avro"
-    publish(broker, json_topic, avro_topic)
-    jvm = deliver(spark, tmp_path, broker, "jvm", json_topic, avro_topic)
-    python = deliver(spark, tmp_path, broker, "python", json_topic, avro_topic)
+    between = publish(broker, json_topic, avro_topic)
+    jvm = deliver(spark, tmp_path, broker, "jvm", json_topic, avro_topic, between)
+    python = deliver(spark, tmp_path, broker, "python", json_topic, avro_topic, between)
 
     # the scenario did what it is meant to, on one stack at least, before both are compared
     tables = jvm["tables"]
@@ -153,8 +169,14 @@ def test_both_stacks_deliver_and_record_the_same(broker, spark, topic_name, tmp_
     assert {name: len(items) for name, items in jvm["received"].items()} == \
         {name: len(items) for name, items in python["received"].items()}
 
+    again = [json.loads(body) for _, body, attempt in jvm["again"].get("paid", []) if attempt == 0]
+    assert sorted(d["n"] for d in again) == sorted(d["n"] for d in sent if d["source"] == "app" and d["status"] ==
+                                                   "PAID"), "the retransmission did not start at the date"
+    assert set(jvm["again"]) == {"paid"}, "only the subscription moved back gets anything in the second run"
+
     for name in jvm["received"]:
         assert jvm["received"][name] == python["received"][name], f"{name} received something else"
+    assert jvm["again"] == python["again"]
     for name in tables:
         for part in ("undelivered", "retries", "positions", "metrics"):
             assert jvm["tables"][name][part] == python["tables"][name][part], f"{name}: its {part} differ"
