@@ -30,13 +30,14 @@ from herald.filters.targets import with_targets
 def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Subscription]):
     """`raw`: Kafka rows (either connector's columns); the result has the columns in the module docs."""
     rule_sets = [filter_rules(subscription) for subscription in subscriptions]
-    position_id = position_message_id(topic.kafka_topic)
+    digest = position_digest(topic.kafka_topic)
     if topic.contentType is not ContentType.AVRO:
         rows = with_targets(raw, rule_sets, "value", "headers")
         goes = F.size("targets") > 0
-        return rows.select("partition", "offset", "timestamp", "headers", "targets",
-                           F.when(goes, F.col("key")).alias("key"), F.when(goes, F.col("value")).alias("value"),
-                           F.when(goes, position_id).alias("position_id"))
+        return with_position_ids(rows.select(
+            "partition", "offset", "timestamp", "headers", "targets",
+            F.when(goes, F.col("key")).alias("key"), F.when(goes, F.col("value")).alias("value"),
+            F.when(goes, digest).alias("position_id")))
     source = config.avro_source(topic)
     decoded = decode(raw, source, config.settings.avro.decoder)  # from_avro in the JVM, or fastavro
     rows = with_targets(decoded, rule_sets, "json", "headers")
@@ -46,7 +47,7 @@ def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Sub
     keeps_raw = F.col("decode_error").isNotNull()
     if any(subscription.onDiscard is not None for subscription in subscriptions):
         keeps_raw = keeps_raw | goes  # a dead-letter topic gets the original bytes
-    return rows.select(
+    return with_position_ids(rows.select(
         "partition", "offset", "timestamp", "headers", "targets",
         F.when(goes, F.col("key")).alias("key"),
         F.when(goes, F.col("json").cast("binary")).alias("value"),
@@ -54,23 +55,35 @@ def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Sub
         F.col("decode_error").alias("error"),
         F.when(keeps_raw, F.col("value")).alias("raw"),
         "schema_id", "schema_version",
-        F.when(goes, position_id).alias("position_id"),
-    )
+        F.when(goes, digest).alias("position_id"),
+    ))
 
 
-def position_message_id(kafka_topic: str):
-    """The message id of a record without an `id` header, `herald.delivery.message.uuid5_text` of
-    "<topic>/<partition>/<offset>", as a Spark column: the UUID version 5 text, computed in the JVM rather than
-    in the delivery tasks' Python (about a fifth of their per-message work there)."""
+def position_digest(kafka_topic: str):
+    """SHA-1 of the message-id namespace and "<topic>/<partition>/<offset>", as 40 lower-case hex digits: what
+    `herald.delivery.message.uuid5_text` hashes for a record without an `id` header."""
     name = F.concat(F.lit(f"{kafka_topic}/"), F.col("partition").cast("string"), F.lit("/"),
                     F.col("offset").cast("string")).cast("binary")
-    digest = F.sha1(F.concat(F.unhex(F.lit(MESSAGE_ID_NAMESPACE.hex)), name))  # 40 hex digits, lower case
-    # (one SHA-1 a row: Spark computes a repeated subexpression once)
+    return F.sha1(F.concat(F.unhex(F.lit(MESSAGE_ID_NAMESPACE.hex)), name))
+
+
+def with_position_ids(rows):
+    """`rows` with its `position_id` column (a `position_digest`, or null) turned into the message id's text,
+    the UUID version 5 `uuid5_text` gives, in the JVM rather than in the delivery tasks' Python. A projection of
+    its own: the digest's digits are taken six times, and inside the CASE WHEN that computed it Spark would hash
+    six times (a costly expression used more than once keeps its projection apart)."""
+    digest = F.col("position_id")
 
     def digits(first: int, count: int):
         return digest.substr(first, count)
 
     # version 5 in digit 13; RFC 4122's variant in digit 17: its two top bits set to 10 (0-f -> 89ab89ab...)
     variant = F.lit("89ab89ab89ab89ab").substr(F.conv(digits(17, 1), 16, 10).cast("int") + 1, F.lit(1))
-    return F.concat_ws("-", digits(1, 8), digits(9, 4), F.concat(F.lit("5"), digits(14, 3)),
+    text = F.concat_ws("-", digits(1, 8), digits(9, 4), F.concat(F.lit("5"), digits(14, 3)),
                        F.concat(variant, digits(18, 3)), digits(21, 12))
+    return rows.withColumn("position_id", F.when(digest.isNotNull(), text))
+
+
+def position_message_id(kafka_topic: str, rows):
+    """`rows` (with partition and offset) with a `position_id` column: the message id of each row's position."""
+    return with_position_ids(rows.withColumn("position_id", position_digest(kafka_topic)))

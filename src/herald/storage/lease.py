@@ -11,8 +11,9 @@ write one's own row and read again: of the live leases, the one taken first (ear
 holder) wins, and everyone reading the same rows picks the same one. Of two jobs starting together, the one
 that stamped its row first may commit it later; so a job waits as long as two of its own commits took before it
 reads the others, and both then see both rows. That commit is a warm one: a job first writes its row as
-released (no one counts it), as a first commit costs many times a later one on delta-spark. Only a commit much slower than one's own, or clocks far apart,
-can make both think they are first: every renewal checks again, so one of them stops within `renew_s`.
+released (no one counts it), as a first commit costs many times a later one on delta-spark. Only a commit much
+slower than one's own, or clocks far apart, can make both think they are first: every renewal checks again, so
+one of them stops within `renew_s`.
 
 A lease whose holder ran on this host, in the same boot and PID namespace, and whose process is gone (kill -9)
 is stale at once; any other ends at `expires_at`. A job that cannot renew its lease stops one renewal before
@@ -113,6 +114,7 @@ class StorageLease:
         self.holder = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self._acquired_ms = 0
         self._renewed_ms = 0
+        self._live_row = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -155,6 +157,7 @@ class StorageLease:
         self._write(self._acquired_ms, released=True)
         self._acquired_ms = self.clock_ms()
         started = time.monotonic()
+        self._live_row = True  # from here a live row may be in the table: `release` gives it back
         self._write(self._acquired_ms + int(self.ttl_s * 1000))
         self._renewed_ms = self._acquired_ms
         # a job starting at the same time may have stamped its row first and commit it later: wait as long as
@@ -200,7 +203,7 @@ class StorageLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self._acquired_ms:
+        if self._live_row:
             try:
                 self._write(self.clock_ms(), released=True)
             except Exception as error:  # noqa: BLE001 - it expires by itself
