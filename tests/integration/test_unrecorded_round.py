@@ -102,3 +102,42 @@ def test_a_round_the_writer_gave_up_is_neither_retried_nor_told_to_its_listeners
     assert taken == [] and heard == [1], "a round with no rows went on to the retry driver or its listeners"
     pipeline.context.writer.close()
     assert stored_positions(pipeline.context.store).get((state.id, TOPIC)) in (None, {0: 10, 1: 10})
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_job_stopped_while_storage_refuses_its_rounds_exits_1(broker, spark, topic_name, tmp_path, monkeypatch):
+    """Storage goes down after the job took its lease: its rounds wait for the writer; when the job is stopped
+    (Ctrl-C, or a --once caller giving up) the rounds still unwritten are given up, and the exit code says the
+    tables are behind (the next run delivers those messages again) instead of 0."""
+    import threading
+
+    from herald.config import load_config
+    from herald.engine.runner import Runner
+    from herald.storage import DeltaRsStore
+    from herald.storage.tables import LEASES
+    from tests.support.herald_env import produce, wait_until, write_conf
+    from tests.support.subscriber import ScriptedSubscriber
+
+    real_replace = DeltaRsStore.replace
+
+    def storage_down(self, table, rows, part):
+        if table != LEASES:
+            raise OSError("storage is down")
+        return real_replace(self, table, rows, part)
+
+    monkeypatch.setattr(DeltaRsStore, "replace", storage_down)
+    broker.create_topics({topic_name: 2})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10)])
+    with ScriptedSubscriber() as subscriber:
+        config = load_config(write_conf(tmp_path, broker.bootstrap_servers, topic_name,
+                                        {"a": {"endpoint": f"{subscriber.url}/a"}}))
+        runner = Runner(config, spark=spark)
+        codes: list[int] = []
+        job = threading.Thread(target=lambda: codes.append(runner.run(once=True, grace_s=1.0)))
+        job.start()
+        assert wait_until(lambda: len(subscriber.requests) >= 10, 120), "the job delivered nothing"
+        runner.stop()
+        job.join(120)
+    assert codes == [1]
+    assert runner.context.writer.abandoned >= 1

@@ -64,6 +64,7 @@ class Runner:
         self.lease: StorageLease | None = None
         self.control: ControlServer | None = None
         self._stopped_for: str | None = None
+        self._tables_behind = False  # the table writer stopped with rounds unwritten: the run exits 1
 
     # -- starting ---------------------------------------------------------------------------------------------
     def start(self, once: bool) -> None:
@@ -200,7 +201,8 @@ class Runner:
     # -- running ----------------------------------------------------------------------------------------------
     def run(self, once: bool = False, grace_s: float = 30.0) -> int:
         """Run until done (`once`) or interrupted; 0 when every topic ran, 1 when some topic could not (its
-        query kept failing, or could not start)."""
+        query kept failing, or could not start), when the job stopped itself (a lost lease, a round that could not
+        be recorded) or when some round was not written to the tables before it stopped (storage down)."""
         skipped = [s.id for s in self.config.subscriptions if not s.active]
         if skipped:
             log.info("not running SUSPENDED subscriptions: %s", ", ".join(skipped))
@@ -234,6 +236,10 @@ class Runner:
         if once:
             self._report_parked()
         if self._stopped_for is not None:
+            return 1
+        if self._tables_behind:  # storage did not take every round before the job stopped (the writer logged it)
+            print("the tables are behind: some rounds were not written before the job stopped; the next run "
+                  "delivers their messages again")
             return 1
         return 1 if self._report_failures() else 0
 
@@ -316,7 +322,8 @@ class Runner:
             self.retries.stop()
             # a job that lost the lease (its rounds would undo the holder's) or could not record a round writes
             # nothing more
-            self.context.writer.close(0.0 if self._stopped_for else max(5.0, deadline - time.monotonic()))
+            written = self.context.writer.close(0.0 if self._stopped_for else max(5.0, deadline - time.monotonic()))
+            self._tables_behind = not written
         if self.exporter is not None:
             self.exporter.stop()
         if self.dead_letters is not None:
