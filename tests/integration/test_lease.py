@@ -151,3 +151,27 @@ def test_the_wait_after_taking_the_lease_is_measured_on_a_warm_commit(tmp_path, 
     assert clock.slept == [4.0]
     assert [h.holder for h in lease._live()] == [lease.holder]
     lease._write(lease.clock_ms(), released=True)
+
+
+def test_a_job_whose_first_write_failed_gives_back_nothing(tmp_path, caplog):
+    """The warm-up write (a released row) failed: no live row was ever written, so `release` writes nothing and
+    warns of nothing (the job's shutdown calls it whatever happened)."""
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    calls: list[bool] = []
+
+    class Refusing:
+        root = store.root
+
+        def read(self, table, subscription_id=None):
+            return store.read(table, subscription_id)
+
+        def replace(self, table, rows, part):
+            calls.append(rows.to_pylist()[0]["released"])
+            raise OSError("storage is down")
+
+    lease = _lease(Refusing())
+    with pytest.raises(OSError):
+        lease.acquire()
+    lease.release()
+    assert calls == [True], "release wrote after a failed first write"
+    assert "giving the lease back failed" not in caplog.text

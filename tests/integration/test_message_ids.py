@@ -13,7 +13,7 @@ def test_the_jvm_gives_every_position_the_id_python_gives_it(spark):
     positions = [(partition, offset) for partition in (0, 1, 7, 31, 100) for offset in
                  (0, 1, 9, 10, 99, 255, 4096, 65_535, 1_000_003, 2**31 + 5, 2**53 + 1, 2**62)]
     positions += [(3, offset) for offset in range(2_000)]  # every hex digit in every place, many times over
-    for topic in ("orders", "demo.orders_v2-EU", "a" * 200):
+    for topic in ("orders", "demo.orders_v2-EU", "a" * 200, "it's\\odd"):  # not Kafka's, but SQL-quoted
         frame = spark.createDataFrame(positions, "partition int, offset long")
         rows = position_message_id(topic, frame).withColumnRenamed("position_id", "id").collect()
         wrong = [(row["partition"], row["offset"], row["id"]) for row in rows

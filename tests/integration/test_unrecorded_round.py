@@ -106,7 +106,8 @@ def test_a_round_the_writer_gave_up_is_neither_retried_nor_told_to_its_listeners
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_a_job_stopped_while_storage_refuses_its_rounds_exits_1(broker, spark, topic_name, tmp_path, monkeypatch):
+def test_a_job_stopped_while_storage_refuses_its_rounds_exits_1(broker, spark, topic_name, tmp_path, monkeypatch,
+                                                                capsys):
     """Storage goes down after the job took its lease: its rounds wait for the writer; when the job is stopped
     (Ctrl-C, or a --once caller giving up) the rounds still unwritten are given up, and the exit code says the
     tables are behind (the next run delivers those messages again) instead of 0."""
@@ -141,3 +142,4 @@ def test_a_job_stopped_while_storage_refuses_its_rounds_exits_1(broker, spark, t
         job.join(120)
     assert codes == [1]
     assert runner.context.writer.abandoned >= 1
+    assert "the tables are behind" in capsys.readouterr().out

@@ -24,6 +24,7 @@ from herald.avro.jvm import decode
 from herald.config import HeraldConfig, Subscription, filter_rules
 from herald.config.model import ContentType, Topic
 from herald.delivery.message import MESSAGE_ID_NAMESPACE
+from herald.filters.sql import lit
 from herald.filters.targets import with_targets
 
 
@@ -63,8 +64,7 @@ def position_digest(kafka_topic: str):
     """SHA-1 of the message-id namespace and "<topic>/<partition>/<offset>", as 40 lower-case hex digits: what
     `herald.delivery.message.uuid5_text` hashes for a record without an `id` header. (SQL text: one call to the
     JVM per round, where the same built from functions took some forty.)"""
-    topic = kafka_topic.replace("\\", "\\\\").replace("'", "\\'")
-    return F.expr(f"sha1(concat(unhex('{MESSAGE_ID_NAMESPACE.hex}'), cast(concat('{topic}/', "
+    return F.expr(f"sha1(concat(unhex('{MESSAGE_ID_NAMESPACE.hex}'), cast(concat({lit(kafka_topic + '/')}, "
                   "cast(partition AS STRING), '/', cast(offset AS STRING)) AS BINARY)))")
 
 

@@ -237,11 +237,11 @@ class Runner:
             self._report_parked()
         if self._stopped_for is not None:
             return 1
+        failures = self._report_failures()
         if self._tables_behind:  # storage did not take every round before the job stopped (the writer logged it)
             print("the tables are behind: some rounds were not written before the job stopped; the next run "
                   "delivers their messages again")
-            return 1
-        return 1 if self._report_failures() else 0
+        return 1 if failures or self._tables_behind else 0
 
     def stop(self) -> None:
         """Ask a running `run()` to stop (as the first Ctrl-C does)."""
