@@ -68,6 +68,16 @@ def test_topic_must_be_defined_and_names_must_be_valid(tmp_path):
     assert any("subscriptions/other.yaml: name: must contain only letters" in p for p in problems), problems
 
 
+def test_a_kafka_topic_name_kafka_would_refuse_is_named_by_file_and_key(tmp_path):
+    problems = problems_of(write_conf(tmp_path, topics={"orders": TOPIC + "kafkaTopic: orders v2\n"}))
+    assert any("topics/orders.yaml: kafkaTopic: must be a Kafka topic name" in p for p in problems), problems
+    long_name = "shop." + "o" * 245
+    problems = problems_of(write_conf(tmp_path / "long", topics={"orders": TOPIC.replace("shop.orders", long_name)},
+                                      subscriptions={}))
+    assert any("topics/orders.yaml: name: must be at most 249 characters" in p for p in problems), problems
+    assert load_config(write_conf(tmp_path / "ok", topics={"orders": TOPIC + "kafkaTopic: legacy_Orders-v2.eu\n"}))
+
+
 def test_undefined_topic(tmp_path):
     problems = problems_of(write_conf(tmp_path, subscriptions={"x": SUBSCRIPTION.replace("shop.orders", "shop.none")}))
     assert problems == ["conf/subscriptions/x.yaml: topicName: topic shop.none is not defined in topics/ "
