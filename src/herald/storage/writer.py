@@ -239,10 +239,13 @@ class TableWriter:
         """Write rounds together, in one commit per table; nothing once a round was given up."""
         try:
             writes = _writes(items)
-        except Exception:  # noqa: BLE001 - rows that do not concatenate: each round on its own
-            log.exception("could not write %d rounds together; writing them one by one", len(items))
-            for item in items:
-                self._write_all([item])
+        except Exception:  # noqa: BLE001 - rows that do not concatenate: in halves, down to the round that does not
+            if len(items) == 1:
+                raise
+            log.exception("could not write %d rounds together; writing them in two halves", len(items))
+            half = len(items) // 2  # a few commits to find the odd round out, not one per round (up to 2048)
+            self._write_all(items[:half])
+            self._write_all(items[half:])
             return
         if self._given_up:
             self.abandoned += len(items)
