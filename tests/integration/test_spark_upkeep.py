@@ -79,3 +79,20 @@ def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(sp
     assert configuration["delta.deletedFileRetentionDuration"] == "interval 168 hours"
     assert configuration["delta.checkpointInterval"] == "500"
 
+
+
+def test_the_checksum_setting_a_session_made_before_the_store_is_kept(spark, tmp_path):
+    """A notebook that wants delta-spark's `.crc` files sets it in its session: the store leaves it alone, and
+    turns it off only where nothing set it (no table is written here: the setting alone is looked at)."""
+    from herald.storage.store import CHECKSUM_SETTING
+
+    before = spark.conf.get(CHECKSUM_SETTING, None)
+    try:
+        spark.conf.unset(CHECKSUM_SETTING)
+        SparkDeltaStore(spark, str(tmp_path / "a"))
+        assert spark.conf.get(CHECKSUM_SETTING) == "false"
+        spark.conf.set(CHECKSUM_SETTING, "true")
+        SparkDeltaStore(spark, str(tmp_path / "b"))
+        assert spark.conf.get(CHECKSUM_SETTING) == "true", "the session's own setting was overridden"
+    finally:
+        spark.conf.set(CHECKSUM_SETTING, before if before is not None else "false")

@@ -277,7 +277,8 @@ class DeltaRsStore(TableStore):
 CHECKSUM_SETTING = "spark.databricks.delta.writeChecksumFile.enabled"
 """delta-spark writes a `.crc` checksum beside every commit (3-5 KB: the table's protocol, metadata, histograms
 and, under 50 files, every file), three times the commit itself; Delta reads tables without them. Herald's
-session turns them off unless the job's Spark conf sets it (tests/benchmarks/README.md, storage_growth)."""
+session turns them off unless the job sets it, in its Spark conf or in its session beforehand
+(tests/benchmarks/README.md, storage_growth)."""
 
 
 class SparkDeltaStore(TableStore):
@@ -289,7 +290,7 @@ class SparkDeltaStore(TableStore):
         self.spark = spark
         self._lock = threading.Lock()
         self._ready: set[str] = set()
-        if not spark.sparkContext.getConf().contains(CHECKSUM_SETTING):  # set for the job: left as it is
+        if not _set_for_the_job(spark, CHECKSUM_SETTING):
             spark.conf.set(CHECKSUM_SETTING, "false")
 
     def _ensure(self, table: str) -> None:
@@ -380,6 +381,17 @@ class SparkDeltaStore(TableStore):
         except AnalysisException:  # no table yet
             return SCHEMAS[table].empty_table()
         return self.spark.sql(query).drop("herald_rank").toArrow()
+
+
+def _set_for_the_job(spark, key: str) -> bool:
+    """The job set `key` itself: in its Spark conf (spark-submit `--conf`, herald.yaml `spark.conf`) or in its
+    session before Herald's store was built (a notebook's `spark.conf.set`). Such a setting is left as it is."""
+    if spark.sparkContext.getConf().contains(key):
+        return True
+    try:
+        return key in spark.conf.getAll  # the session's explicit settings (pyspark 4)
+    except Exception:  # noqa: BLE001 - an older or remote session: the Spark conf alone decides
+        return False
 
 
 @contextlib.contextmanager
