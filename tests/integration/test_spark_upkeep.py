@@ -98,33 +98,31 @@ def test_the_checksum_setting_a_session_made_before_the_store_is_kept(spark, tmp
         spark.conf.set(CHECKSUM_SETTING, before if before is not None else "false")
 
 
-def test_writers_racing_on_one_table_each_get_their_slices_written(spark, tmp_path):
-    """Two writers of one delta-spark table at once (two jobs' lease rows, a retransmission's positions beside
-    a job's): Delta refuses the later commit of a race (ConcurrentAppendException); it is tried again, and every
-    slice ends up written once."""
+def test_two_jobs_taking_the_lease_of_one_delta_spark_storage_at_once_end_with_one_holder(spark, tmp_path):
+    """Two jobs' lease rows race for the next commit of the leases table: Delta refuses the later one
+    (ConcurrentAppendException, reproduced with two slice writers of one table). The lease writes its row again,
+    so one job holds the lease and the other is told who does, instead of both failing to start."""
     import threading
 
-    from herald.storage.tables import OFFSETS
+    from herald.storage.lease import LeaseHeld, StorageLease
 
     require_jars(spark, DELTA_SPARK_CLASS)
     store = SparkDeltaStore(spark, str(tmp_path / "storage"))
-    _round(store, 0)
-    errors: list[str] = []
+    leases = [StorageLease(store) for _ in range(2)]
+    outcomes: dict[int, str] = {}
 
-    def write(writer: str) -> None:
-        for batch_id in range(3):
-            try:
-                store.replace(OFFSETS, position_rows(f"g.t.{writer}", "g.t", {0: batch_id}, writer, batch_id, NOW),
-                              Slice(writer, batch_id))
-            except Exception as error:  # noqa: BLE001 - collected: the assertion names it
-                errors.append(f"{type(error).__name__}: {error}"[:300])
+    def take(index: int) -> None:
+        try:
+            leases[index].acquire()
+            outcomes[index] = "holds"
+        except LeaseHeld:
+            outcomes[index] = "refused"
+        except Exception as error:  # noqa: BLE001 - collected: the assertion names it
+            outcomes[index] = f"{type(error).__name__}: {error}"[:300]
 
-    threads = [threading.Thread(target=write, args=(writer,)) for writer in ("a", "b")]
+    threads = [threading.Thread(target=take, args=(index,)) for index in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert errors == []
-    rows = store.read(OFFSETS).to_pylist()
-    assert sorted((row["writer"], row["batch_id"]) for row in rows if row["writer"] in ("a", "b")) == \
-        [(writer, n) for writer in ("a", "b") for n in range(3)]
+    assert sorted(outcomes.values()) == ["holds", "refused"], outcomes

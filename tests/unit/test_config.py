@@ -76,6 +76,10 @@ def test_a_kafka_topic_name_kafka_would_refuse_is_named_by_file_and_key(tmp_path
                                       subscriptions={}))
     assert any("topics/orders.yaml: name: must be at most 249 characters" in p for p in problems), problems
     assert load_config(write_conf(tmp_path / "ok", topics={"orders": TOPIC + "kafkaTopic: legacy_Orders-v2.eu\n"}))
+    problems = problems_of(write_conf(tmp_path / "nl", topics={"orders": TOPIC + 'kafkaTopic: "orders\\n"\n'}))
+    assert any("kafkaTopic: must be a Kafka topic name" in p for p in problems), problems
+    long_but_not_kafkas = TOPIC.replace("shop.orders", long_name) + "kafkaTopic: orders\n"  # then only kafkaTopic is
+    assert load_config(write_conf(tmp_path / "mapped", topics={"orders": long_but_not_kafkas}, subscriptions={}))
 
 
 def test_undefined_topic(tmp_path):

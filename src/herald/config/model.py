@@ -41,7 +41,7 @@ from herald.delivery.spec import DeliverySpec
 from herald.endpoint import Endpoint
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.[A-Za-z0-9_-]+$")
-KAFKA_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule (and neither "." nor "..")
+KAFKA_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's own rule (and neither "." nor "..")
 SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 
@@ -73,16 +73,21 @@ class Topic(Strict):
     def _qualified(cls, value: str) -> str:
         if not TOPIC_NAME.match(value):
             raise ValueError("must be a qualified name 'group.topic' of letters, digits, '.', '_' and '-'")
-        if len(value) > 249:
-            raise ValueError(f"must be at most 249 characters, Kafka's limit for a topic name (got {len(value)})")
         return value
 
     @field_validator("kafkaTopic")
     @classmethod
     def _kafka_name(cls, value: str | None) -> str | None:
-        if value is not None and (not KAFKA_TOPIC_NAME.match(value) or value in (".", "..")):
+        if value is not None and (not KAFKA_TOPIC_NAME.fullmatch(value) or value in (".", "..")):
             raise ValueError("must be a Kafka topic name: 1 to 249 letters, digits, '.', '_' and '-'")
         return value
+
+    @model_validator(mode="after")
+    def _name_fits_kafka(self) -> Topic:
+        if self.kafkaTopic is None and len(self.name) > 249:  # the name is the Kafka topic
+            raise ValueError(f"name: must be at most 249 characters, Kafka's limit for a topic name, or set "
+                             f"kafkaTopic (got {len(self.name)})")
+        return self
 
     @property
     def kafka_topic(self) -> str:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
+from tenacity import Retrying, stop_after_attempt, wait_random_exponential
 
 from herald.storage.store import Slice, TableStore
 from herald.storage.tables import LEASES, LEASES_SCHEMA, at_ms, epoch_ms
@@ -47,6 +48,7 @@ RENEW_S = 30.0
 a third of a day's storage (tests/benchmarks/README.md, storage_growth). A job on another host whose process died
 holds the path up to `TTL_S`; one on the same host is stale at once."""
 SETTLE_S = 0.0  # the least wait between writing one's row and reading the others (seconds)
+WRITE_ATTEMPTS = 5  # tries of each row `acquire` writes
 
 
 class LeaseHeld(RuntimeError):
@@ -141,6 +143,16 @@ class StorageLease:
         self.store.replace(LEASES, pa.Table.from_pylist([row], schema=LEASES_SCHEMA),
                            Slice(f"lease:{self.holder}", 0))
 
+    def _write_retried(self, expires_ms: int, released: bool = False) -> None:
+        """`_write`, tried again a few times (0.2-2 s apart): a job starting beside another one on delta-spark
+        may lose the race for the table's next commit (ConcurrentAppendException); the row is its own slice, so
+        writing it again is safe. Renewals need none: the next one comes `renew_s` later."""
+        for attempt in Retrying(stop=stop_after_attempt(WRITE_ATTEMPTS), reraise=True,
+                                wait=wait_random_exponential(multiplier=0.2, max=2),
+                                sleep=lambda seconds: time.sleep(seconds)):
+            with attempt:
+                self._write(expires_ms, released)
+
     def _winner(self) -> Holder | None:
         live = self._live()
         return min(live, key=lambda h: (h.acquired_ms, h.holder)) if live else None
@@ -154,11 +166,11 @@ class StorageLease:
         # a released row first, which no one counts: the first commit of a job is its slowest by far (delta-spark
         # on a new JVM: 15-20 s, against 2-3 s once warm), and the wait below is measured on the next one
         self._acquired_ms = self.clock_ms()
-        self._write(self._acquired_ms, released=True)
+        self._write_retried(self._acquired_ms, released=True)
         self._acquired_ms = self.clock_ms()
         started = time.monotonic()
         self._live_row = True  # from here a live row may be in the table: `release` gives it back
-        self._write(self._acquired_ms + int(self.ttl_s * 1000))
+        self._write_retried(self._acquired_ms + int(self.ttl_s * 1000))
         self._renewed_ms = self._acquired_ms
         # a job starting at the same time may have stamped its row first and commit it later: wait as long as
         # two commits take here before reading the others

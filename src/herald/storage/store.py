@@ -316,19 +316,13 @@ class SparkDeltaStore(TableStore):
             self._ready.add(path)
 
     def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
-        """A commit that loses a race with another writer of the table (another job's lease row, a `herald
-        retransmit` writing positions while the job runs) is tried again on the table as it is then, as the
-        delta-rs store does: the slice's rows are replaced whatever the other commit added."""
+        """One attempt: a commit that loses a race with another writer of the table raises (Delta's
+        ConcurrentAppendException and kin). The table writer tries its rounds again while it may write (not
+        once the job lost its lease), and the lease tries its own rows again."""
         self._ensure(table)
         frame = self.spark.createDataFrame(_conform(table, rows)).coalesce(1)  # one file, not one per core
-
-        @retry(retry=retry_if_exception_type(_delta_spark_conflicts()), stop=stop_after_attempt(8),
-               wait=wait_random_exponential(multiplier=0.2, max=5), reraise=True)
-        def commit() -> None:
-            (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
-             .option("mergeSchema", "true").save(self.path(table)))
-
-        commit()
+        (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
+         .option("mergeSchema", "true").save(self.path(table)))
 
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         """`OPTIMIZE`, `VACUUM ... RETAIN n HOURS` (with Delta's retention check off for this statement when n is
@@ -390,16 +384,6 @@ class SparkDeltaStore(TableStore):
         except AnalysisException:  # no table yet
             return SCHEMAS[table].empty_table()
         return self.spark.sql(query).drop("herald_rank").toArrow()
-
-
-def _delta_spark_conflicts() -> tuple[type[BaseException], ...]:
-    """delta-spark's exceptions for a commit that conflicts with another one (optimistic concurrency)."""
-    from delta import exceptions
-
-    return (exceptions.DeltaConcurrentModificationException, exceptions.ConcurrentWriteException,
-            exceptions.MetadataChangedException, exceptions.ProtocolChangedException,
-            exceptions.ConcurrentAppendException, exceptions.ConcurrentDeleteReadException,
-            exceptions.ConcurrentDeleteDeleteException, exceptions.ConcurrentTransactionException)
 
 
 def _set_for_the_job(spark, key: str) -> bool:

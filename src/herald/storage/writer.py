@@ -238,11 +238,10 @@ class TableWriter:
     def _write_all(self, items: list[SliceWrite]) -> None:
         """Write rounds together, in one commit per table; nothing once a round was given up."""
         try:
-            writes = _writes(items)
-        except Exception:  # noqa: BLE001 - rows that do not concatenate: in halves, down to the round that does not
-            if len(items) == 1:
-                raise
-            log.exception("could not write %d rounds together; writing them in two halves", len(items))
+            writes = _writes(items)  # one round's tables are taken as they are: this raises only for several
+        except Exception as error:  # noqa: BLE001 - rows that do not concatenate: in halves, to the odd round out
+            log.warning("could not write %d rounds together (%s: %s); writing them in two halves", len(items),
+                        type(error).__name__, error)
             half = len(items) // 2  # a few commits to find the odd round out, not one per round (up to 2048)
             self._write_all(items[:half])
             self._write_all(items[half:])
