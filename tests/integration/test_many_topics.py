@@ -37,8 +37,10 @@ def test_thirty_two_topics_with_a_subscription_each_in_one_once_run(broker, spar
         return Reply(status=503) if request.path.startswith(f"/{failing}/") else Reply()
 
     with ScriptedSubscriber(answer) as sub:
-        layout = {topic: {"s": {"endpoint": f"{sub.url}/{topic}/s",
-                                "subscriptionPolicy": {"messageTtl": 3600, "messageBackoff": 60000}}}
+        # requestTimeout 30 s (the default is 1 s): on 2 busy cores the test's subscriber, a Python server in this
+        # process, answered some requests later than 1 s, and their messages were parked for a minute, not lost
+        layout = {topic: {"s": {"endpoint": f"{sub.url}/{topic}/s", "subscriptionPolicy": {
+                      "messageTtl": 3600, "messageBackoff": 60000, "requestTimeout": 30000}}}
                   for topic in topics}
         conf = write_topics_conf(tmp_path, broker.bootstrap_servers, layout,
                                  settings={"kafka": {"connector": connector}})
