@@ -58,12 +58,16 @@ def subscription(sink_url: str, n: int) -> dict:
             "subscriptionPolicy": {"inflightSize": 64, "rate": 100000}}
 
 
-def run_once(root: Path, bootstrap: str, topics: dict[str, dict[str, dict]], connector: str, label: str) -> dict:
+def run_once(root: Path, bootstrap: str, topics: dict[str, dict[str, dict]], connector: str, label: str,
+             storage: dict | None = None) -> dict:
+    """One `herald run --once` over `topics` (topic -> subscription name -> YAML fields) in a subprocess, its
+    process tree sampled; `storage` overrides the suite's storage settings (delta-rs, rounds written at once)."""
     work = root / label
     conf = write_topics_conf(work, bootstrap, topics, settings={
         "kafka": {"connector": connector},
         "streaming": {"triggerInterval": "1 second", "maxOffsetsPerTrigger": 100000},
         "rateControl": {"adjustIntervalMs": 30000, "slowRate": 1, "heartbeatIntervalMs": 60000},
+        **({"storage": storage} if storage else {}),
     })
     log_path = work / "run.log"
     began = time.perf_counter()
@@ -82,6 +86,7 @@ def run_once(root: Path, bootstrap: str, topics: dict[str, dict[str, dict]], con
     if code != 0:
         print(f"!! {label} exited {code}; last lines:\n   " + "\n   ".join(text.splitlines()[-25:]), flush=True)
     return {"label": label, "wall_s": wall_s, "cpu_s": memory.cpu_s, "peak_rss": memory.peak_rss,
+            "peak_pss": memory.peak_pss, "peak_processes": memory.peak_processes,
             "processes": memory.process_count, "delivered": delivered, "code": code}
 
 
