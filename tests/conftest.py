@@ -48,9 +48,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The broker the integration tests deliver from: Apache Kafka's own (the `kafka_broker` fixture), as production
+# runs; HERALD_TEST_BROKER=embedded runs them on noida-db, the small Kafka-protocol broker `make demo` starts.
+TEST_BROKER = os.environ.get("HERALD_TEST_BROKER", "kafka")
+
+
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory) -> EmbeddedBroker:
-    """A real Kafka-protocol broker (noida-db) on a free loopback port."""
+def broker(request, tmp_path_factory):
+    """The suite's Kafka broker, started once per test process: Apache Kafka (the `kafka_broker` fixture), or
+    noida-db on a free loopback port with HERALD_TEST_BROKER=embedded. Both have `bootstrap_servers` and
+    `create_topics(partitions_by_topic)`."""
+    yield request.getfixturevalue("kafka_broker" if TEST_BROKER == "kafka" else "embedded_broker")
+
+
+@pytest.fixture(scope="session")
+def embedded_broker(tmp_path_factory) -> EmbeddedBroker:
+    """noida-db, the Kafka-protocol broker `make demo` and `herald broker up` start, on a free loopback port."""
     embedded = EmbeddedBroker(tmp_path_factory.mktemp("broker"), port=free_port())
     embedded.up()
     yield embedded

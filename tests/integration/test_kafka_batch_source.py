@@ -1,5 +1,5 @@
 """Batch reads of explicit offset ranges: `spark.read.format("herald_kafka")` and `read_kafka_range`, against a
-real broker (noida-db) and a real local Spark."""
+real broker (the suite's: Apache Kafka) and a real local Spark."""
 
 from __future__ import annotations
 

@@ -14,6 +14,12 @@ from tests.support.subscriber import ScriptedSubscriber
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
+@pytest.fixture
+def broker(embedded_broker):
+    """noida-db, the demo's broker: Apache Kafka runs these scenarios in test_real_broker.py."""
+    return embedded_broker
+
+
 def test_new_partitions_are_delivered_from_their_start_to_every_subscription(broker, spark, topic_name, tmp_path):
     new_partitions_are_delivered(broker, spark, topic_name, tmp_path, connector="python")
 

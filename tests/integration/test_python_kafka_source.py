@@ -1,4 +1,5 @@
-"""Herald's Python Kafka Data Source (`herald_kafka`) against a real broker (noida-db) and a real local Spark."""
+"""Herald's Python Kafka Data Source (`herald_kafka`) against a real broker (the suite's: Apache
+Kafka) and a real local Spark."""
 
 from __future__ import annotations
 

@@ -15,6 +15,12 @@ from tests.support.broker_scenarios import lost_range_is_recorded_and_delivery_g
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
+@pytest.fixture
+def broker(embedded_broker):
+    """noida-db, the demo's broker: Apache Kafka runs these scenarios in test_real_broker.py."""
+    return embedded_broker
+
+
 def _delete_below(bootstrap: str, topic: str, offset: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.delete_records([TopicPartition(topic, 0, offset)]).values():

@@ -19,6 +19,12 @@ from tests.support.subscriber import ScriptedSubscriber
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
+@pytest.fixture
+def broker(embedded_broker):
+    """noida-db, the demo's broker: Apache Kafka runs these scenarios in test_real_broker.py."""
+    return embedded_broker
+
+
 def _numbers(sub: ScriptedSubscriber, path: str) -> list[int]:
     return sorted(r.json()["i"] for r in sub.requests if r.path == path)
 
