@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,11 +30,10 @@ from serial_throughput import (  # noqa: E402 - the benchmarks share their sink,
     PARTITIONS,
     REPO,
     TOPIC,
-    TreeMemory,
-    free_port,
     produce_messages,
     start_sink,
 )
+from topics_scale import bench_broker, delivered_in, herald_once  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.support.herald_env import write_topics_conf  # noqa: E402
@@ -63,26 +59,14 @@ def run_once(root: Path, bootstrap: str, count: int, sink_url: str | None, label
         "streaming": {"triggerInterval": "1 second", "maxOffsetsPerTrigger": 100000},
         "rateControl": {"adjustIntervalMs": 30000, "slowRate": 1, "heartbeatIntervalMs": 60000},
     })
-    log_path = work / "run.log"
-    began = time.perf_counter()
-    with open(log_path, "wb") as log:
-        child = subprocess.Popen([sys.executable, "-m", "herald", "run", "--conf", str(conf), "--once"],
-                                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        memory = TreeMemory(child.pid)
-        try:
-            code = child.wait(timeout=1200)
-        finally:
-            memory.stop()
-    wall_s = time.perf_counter() - began
-    text = log_path.read_text(errors="replace")
+    result = herald_once(conf, work / "run.log", timeout_s=1200)
+    text = result["text"]
     batches = [line for line in text.splitlines() if " batch " in line and " in " in line and "delivered" in line]
     in_batches = sum(float(line.rsplit(" in ", 1)[1].split()[0]) for line in batches)
-    delivered = sum(int(line.split("delivered ")[1].split(",")[0]) for line in batches)
-    if code != 0:
-        print(f"!! {label} exited {code}; last lines:\n   " + "\n   ".join(text.splitlines()[-20:]))
-    return {"label": label, "count": count, "wall_s": wall_s, "in_batches_s": in_batches, "delivered": delivered,
-            "peak_rss": memory.peak_rss, "cpu_s": memory.cpu_s, "processes": memory.process_count, "code": code,
-            "top": sorted(memory.peak_processes.items(), key=lambda item: -item[1])[:3]}
+    if result["code"] != 0:
+        print(f"!! {label} exited {result['code']}; last lines:\n   " + "\n   ".join(text.splitlines()[-20:]))
+    return {**result, "label": label, "count": count, "in_batches_s": in_batches, "delivered": delivered_in(text),
+            "top": sorted(result["peak_processes"].items(), key=lambda item: -item[1])[:3]}
 
 
 def show(result: dict) -> None:
@@ -100,48 +84,41 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(value) for value in args.counts.split(",")]
 
-    from herald.broker import EmbeddedBroker
-
-    root = Path(tempfile.mkdtemp(prefix="herald-fanout-bench-"))
-    os.chmod(root, 0o755)
-    broker = EmbeddedBroker(root / "broker", port=free_port())
     sink = None
-    try:
-        broker.up()
-        broker.create_topics({TOPIC: PARTITIONS})
-        began = time.perf_counter()
-        sizes = produce_messages(broker.bootstrap_servers, args.messages, spread=True)
-        print(f"one topic, {args.messages} messages of ~200 B on {PARTITIONS} partitions {sizes} "
-              f"(produced in {time.perf_counter() - began:.1f} s); {os.cpu_count()} CPUs", flush=True)
-        header = (f"  {'run':<22}{'S':>5}{'wall s':>9}{'batches s':>11}{'CPU s':>9}{'peak MiB':>10}{'procs':>7}"
-                  f"{'delivered':>10}")
-        print("\nfilters matching nothing (the shared cost):")
-        print(header)
-        nothing = {}
-        for count in counts:
-            nothing[count] = run_once(root, broker.bootstrap_servers, count, None, f"match-nothing S={count}")
-            show(nothing[count])
-        if not args.no_matching:
-            sink = start_sink(root, log_ids=False)
-            print(f"\nfilters matching ~0.1% each, delivered to {sink.kind} (for information):")
+    with bench_broker("herald-fanout-bench-") as (root, broker):
+        try:
+            broker.create_topics({TOPIC: PARTITIONS})
+            began = time.perf_counter()
+            sizes = produce_messages(broker.bootstrap_servers, args.messages, spread=True)
+            print(f"one topic, {args.messages} messages of ~200 B on {PARTITIONS} partitions {sizes} "
+                  f"(produced in {time.perf_counter() - began:.1f} s); {os.cpu_count()} CPUs", flush=True)
+            header = (f"  {'run':<22}{'S':>5}{'wall s':>9}{'batches s':>11}{'CPU s':>9}{'peak MiB':>10}{'procs':>7}"
+                      f"{'delivered':>10}")
+            print("\nfilters matching nothing (the shared cost):")
             print(header)
+            nothing = {}
             for count in counts:
-                show(run_once(root, broker.bootstrap_servers, count, sink.url, f"match-0.1% S={count}"))
-        print("\nwall s: the whole `herald run --once` subprocess (SparkSession and query start included); batches s:"
-              " the topic query's micro-batches as it logs them; CPU s: the process tree's; peak MiB: the highest "
-              "sampled sum of RSS of the process tree; procs: processes seen.")
-        low, high = min(counts), max(counts)
-        if low in nothing and high in nothing:
-            time_ratio = nothing[high]["wall_s"] / nothing[low]["wall_s"]
-            batch_ratio = nothing[high]["in_batches_s"] / max(nothing[low]["in_batches_s"], 1e-9)
-            memory_ratio = nothing[high]["peak_rss"] / nothing[low]["peak_rss"]
-            print(f"micro-batches alone, S={high} vs S={low}: {batch_ratio:.2f}x the time")
-            print(f"fanout: time ratio {time_ratio:.2f}, memory ratio {memory_ratio:.2f}")
-    finally:
-        if sink is not None:
-            sink.stop()
-        broker.down()
-        shutil.rmtree(root, ignore_errors=True)
+                nothing[count] = run_once(root, broker.bootstrap_servers, count, None, f"match-nothing S={count}")
+                show(nothing[count])
+            if not args.no_matching:
+                sink = start_sink(root, log_ids=False)
+                print(f"\nfilters matching ~0.1% each, delivered to {sink.kind} (for information):")
+                print(header)
+                for count in counts:
+                    show(run_once(root, broker.bootstrap_servers, count, sink.url, f"match-0.1% S={count}"))
+            print("\nwall s: the whole `herald run --once` subprocess (SparkSession and query start included); "
+                  "batches s: the topic query's micro-batches as it logs them; CPU s: the process tree's; peak MiB: "
+                  "the highest sampled sum of RSS of the process tree; procs: processes seen.")
+            low, high = min(counts), max(counts)
+            if low in nothing and high in nothing:
+                time_ratio = nothing[high]["wall_s"] / nothing[low]["wall_s"]
+                batch_ratio = nothing[high]["in_batches_s"] / max(nothing[low]["in_batches_s"], 1e-9)
+                memory_ratio = nothing[high]["peak_rss"] / nothing[low]["peak_rss"]
+                print(f"micro-batches alone, S={high} vs S={low}: {batch_ratio:.2f}x the time")
+                print(f"fanout: time ratio {time_ratio:.2f}, memory ratio {memory_ratio:.2f}")
+        finally:
+            if sink is not None:
+                sink.stop()
 
 
 if __name__ == "__main__":

@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serial_throughput import free_port, start_sink  # noqa: E402 - shared sink and /proc helpers
-from topics_scale import PARTITIONS, run_once, subscription  # noqa: E402
+from serial_throughput import start_sink  # noqa: E402 - the shared sink
+from topics_scale import PARTITIONS, bench_broker, run_once, subscription  # noqa: E402
 
 
 def spread(subscriptions: int, topics: int) -> list[int]:
@@ -62,39 +60,29 @@ def main() -> None:
                         help="storage.engine (default auto: delta-spark where its jar loads)")
     args = parser.parse_args()
 
-    from herald.broker import EmbeddedBroker
-
-    root = Path(tempfile.mkdtemp(prefix="herald-scale-bench-"))
-    os.chmod(root, 0o755)
-    broker = EmbeddedBroker(root / "broker", port=free_port())
-    sink = None
-    try:
-        broker.up()
+    with bench_broker("herald-scale-bench-") as (root, broker):
         counts = {f"bench.scale{t}": count for t, count in enumerate(spread(args.subscriptions, args.topics))}
         broker.create_topics({topic: PARTITIONS for topic in counts})
         per_topic = args.messages // args.topics
         produce(broker.bootstrap_servers, counts, per_topic)
         sink = start_sink(root, log_ids=False)
-        print(f"{args.subscriptions} subscriptions over {args.topics} topics, {per_topic * args.topics} messages, "
-              f"connector {args.connector}, engine {args.engine}, sink {sink.kind}; {os.cpu_count()} CPUs",
-              flush=True)
-        topics = {topic: {f"s{j}": subscription(sink.url, j) for j in range(count)} for topic, count in counts.items()}
-        result = run_once(root, broker.bootstrap_servers, topics, args.connector, "scale",
-                          storage={"engine": args.engine, "commitIntervalMs": 60_000})
-        print(f"  wall {result['wall_s']:.1f} s, CPU {result['cpu_s']:.1f} s, peak RSS "
-              f"{result['peak_rss'] / 2**20:.0f} MiB, peak PSS {result['peak_pss'] / 2**20:.0f} MiB, "
-              f"{result['delivered']} delivered, exit {result['code']}", flush=True)
-        at_peak = ", ".join(f"{name} {rss / 2**20:.0f}" for name, rss in
-                            sorted(result["peak_processes"].items(), key=lambda item: -item[1]))
-        print(f"  RSS at the peak by command, MiB: {at_peak}", flush=True)
-        if result["code"] == 0:
-            print(f"scale: peak PSS {result['peak_pss'] / 2**30:.2f} GiB ({result['processes']} processes)")
-    finally:
-        if sink is not None:
+        try:
+            print(f"{args.subscriptions} subscriptions over {args.topics} topics, {per_topic * args.topics} messages,"
+                  f" connector {args.connector}, engine {args.engine}, sink {sink.kind}; {os.cpu_count()} CPUs",
+                  flush=True)
+            topics = {topic: {f"s{j}": subscription(sink.url, j) for j in range(count)}
+                      for topic, count in counts.items()}
+            result = run_once(root, broker.bootstrap_servers, topics, args.connector, "scale",
+                              storage={"engine": args.engine, "commitIntervalMs": 60_000})
+        finally:
             sink.stop()
-        broker.down()
-        shutil.rmtree(root, ignore_errors=True)
-
+    print(f"  wall {result['wall_s']:.1f} s, CPU {result['cpu_s']:.1f} s, peak RSS {result['peak_rss'] / 2**20:.0f} "
+          f"MiB, peak PSS {result['peak_pss'] / 2**20:.0f} MiB, {result['delivered']} delivered, exit {result['code']}")
+    at_peak = ", ".join(f"{name} {rss / 2**20:.0f}" for name, rss in
+                        sorted(result["peak_processes"].items(), key=lambda item: -item[1]))
+    print(f"  RSS at the peak by command, MiB: {at_peak}")
+    if result["code"] == 0:
+        print(f"scale: peak PSS {result['peak_pss'] / 2**30:.2f} GiB ({result['processes']} processes)")
 
 if __name__ == "__main__":
     main()

@@ -21,6 +21,7 @@ its last log lines (the ratio is then not printed). Nothing is asserted; it is n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -58,6 +59,29 @@ def subscription(sink_url: str, n: int) -> dict:
             "subscriptionPolicy": {"inflightSize": 64, "rate": 100000}}
 
 
+def herald_once(conf: Path, log_path: Path, timeout_s: float = 1800) -> dict:
+    """`herald run --once` on `conf` in a subprocess, its output in `log_path`, its process tree sampled:
+    wall_s, cpu_s, peak_rss, peak_pss (bytes), peak_processes (command -> RSS at the peak), processes, code, text."""
+    began = time.perf_counter()
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen([sys.executable, "-m", "herald", "run", "--conf", str(conf), "--once"],
+                                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        memory = TreeMemory(child.pid)
+        try:
+            code = child.wait(timeout=timeout_s)
+        finally:
+            memory.stop()
+    return {"wall_s": time.perf_counter() - began, "cpu_s": memory.cpu_s, "peak_rss": memory.peak_rss,
+            "peak_pss": memory.peak_pss, "peak_processes": memory.peak_processes,
+            "processes": memory.process_count, "code": code, "text": log_path.read_text(errors="replace")}
+
+
+def delivered_in(text: str) -> int:
+    """The messages a run's micro-batches say they delivered."""
+    return sum(int(line.split("delivered ")[1].split(",")[0]) for line in text.splitlines()
+               if " batch " in line and "delivered" in line and " in " in line)
+
+
 def run_once(root: Path, bootstrap: str, topics: dict[str, dict[str, dict]], connector: str, label: str,
              storage: dict | None = None) -> dict:
     """One `herald run --once` over `topics` (topic -> subscription name -> YAML fields) in a subprocess, its
@@ -69,25 +93,31 @@ def run_once(root: Path, bootstrap: str, topics: dict[str, dict[str, dict]], con
         "rateControl": {"adjustIntervalMs": 30000, "slowRate": 1, "heartbeatIntervalMs": 60000},
         **({"storage": storage} if storage else {}),
     })
-    log_path = work / "run.log"
-    began = time.perf_counter()
-    with open(log_path, "wb") as log:
-        child = subprocess.Popen([sys.executable, "-m", "herald", "run", "--conf", str(conf), "--once"],
-                                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        memory = TreeMemory(child.pid)
-        try:
-            code = child.wait(timeout=1800)
-        finally:
-            memory.stop()
-    wall_s = time.perf_counter() - began
-    text = log_path.read_text(errors="replace")
-    delivered = sum(int(line.split("delivered ")[1].split(",")[0]) for line in text.splitlines()
-                    if " batch " in line and "delivered" in line and " in " in line)
-    if code != 0:
-        print(f"!! {label} exited {code}; last lines:\n   " + "\n   ".join(text.splitlines()[-25:]), flush=True)
-    return {"label": label, "wall_s": wall_s, "cpu_s": memory.cpu_s, "peak_rss": memory.peak_rss,
-            "peak_pss": memory.peak_pss, "peak_processes": memory.peak_processes,
-            "processes": memory.process_count, "delivered": delivered, "code": code}
+    result = herald_once(conf, work / "run.log")
+    if result["code"] != 0:
+        print(f"!! {label} exited {result['code']}; last lines:\n   "
+              + "\n   ".join(result["text"].splitlines()[-25:]), flush=True)
+    return {**result, "label": label, "delivered": delivered_in(result["text"])}
+
+
+@contextlib.contextmanager
+def bench_broker(prefix: str, keep: bool = False):
+    """(a temp dir, noida-db started in it on a free port); at the end the broker is stopped and the dir removed
+    (kept and printed with `keep`)."""
+    from herald.broker import EmbeddedBroker
+
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(root, 0o755)
+    broker = EmbeddedBroker(root / "broker", port=free_port())
+    try:
+        broker.up()
+        yield root, broker
+    finally:
+        broker.down()
+        if keep:
+            print(f"kept: {root} (each run's run.log, conf and storage)")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def show(result: dict) -> None:
@@ -105,44 +135,31 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the runs' logs and tables (the path is printed)")
     args = parser.parse_args()
 
-    from herald.broker import EmbeddedBroker
-
-    root = Path(tempfile.mkdtemp(prefix="herald-topics-bench-"))
-    os.chmod(root, 0o755)
-    broker = EmbeddedBroker(root / "broker", port=free_port())
-    sink = None
-    try:
-        broker.up()
+    with bench_broker("herald-topics-bench-", keep=args.keep) as (root, broker):
         wide = [f"bench.wide{t}" for t in range(args.topics)]
         broker.create_topics({**{topic: PARTITIONS for topic in wide}, "bench.narrow": PARTITIONS})
         produce(broker.bootstrap_servers, args.messages, args.topics, wide)
         sink = start_sink(root, log_ids=False)
-        print(f"{args.topics} topics x 1 subscription vs 1 topic x {args.topics} subscriptions, "
-              f"{args.messages} messages in total, connector {args.connector}, "
-              f"sink {sink.kind}; {os.cpu_count()} CPUs", flush=True)
-        print(f"  {'run':<28}{'wall s':>9}{'CPU s':>9}{'peak MiB':>10}{'procs':>7}{'delivered':>11}{'exit':>6}")
-        narrow = run_once(root, broker.bootstrap_servers,
-                          {"bench.narrow": {f"s{n}": subscription(sink.url, n) for n in range(args.topics)}},
-                          args.connector, f"1 topic x {args.topics} subs")
-        show(narrow)
-        many = run_once(root, broker.bootstrap_servers,
-                        {topic: {"s": subscription(sink.url, n)} for n, topic in enumerate(wide)},
-                        args.connector, f"{args.topics} topics x 1 sub")
-        show(many)
+        try:
+            print(f"{args.topics} topics x 1 subscription vs 1 topic x {args.topics} subscriptions, "
+                  f"{args.messages} messages in total, connector {args.connector}, "
+                  f"sink {sink.kind}; {os.cpu_count()} CPUs", flush=True)
+            print(f"  {'run':<28}{'wall s':>9}{'CPU s':>9}{'peak MiB':>10}{'procs':>7}{'delivered':>11}{'exit':>6}")
+            narrow = run_once(root, broker.bootstrap_servers,
+                              {"bench.narrow": {f"s{n}": subscription(sink.url, n) for n in range(args.topics)}},
+                              args.connector, f"1 topic x {args.topics} subs")
+            show(narrow)
+            many = run_once(root, broker.bootstrap_servers,
+                            {topic: {"s": subscription(sink.url, n)} for n, topic in enumerate(wide)},
+                            args.connector, f"{args.topics} topics x 1 sub")
+            show(many)
+        finally:
+            sink.stop()
         print("wall s: the whole `herald run --once` subprocess (SparkSession and query starts included); CPU s and "
               "peak MiB: the process tree's (sum of RSS, sampled); delivered: as the micro-batches log it.")
         if narrow["code"] == 0 and many["code"] == 0:
             print(f"topics: time ratio {many['wall_s'] / narrow['wall_s']:.2f}, "
                   f"memory ratio {many['peak_rss'] / narrow['peak_rss']:.2f}")
-    finally:
-        if sink is not None:
-            sink.stop()
-        broker.down()
-        if args.keep:
-            print(f"kept: {root} (each run's run.log, conf and storage)")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()
