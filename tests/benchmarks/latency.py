@@ -1,6 +1,7 @@
 """Benchmark: publish-to-arrival latency under `herald run` (default trigger), one subscription among 20.
 
     .venv/bin/python tests/benchmarks/latency.py [--rate 100] [--seconds 60] [--subscriptions 20]
+                                                 [--trigger '1 second'] [--subscription-rate R]
 
 One topic (2 partitions) on the embedded broker; `herald run` in a subprocess with the default trigger
 (1 second) and 20 subscriptions on the topic, of which only `s0` passes the published messages (the others'
@@ -86,6 +87,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="messages per second (default 100)")
     parser.add_argument("--seconds", type=float, default=60.0, help="publishing time (default 60)")
     parser.add_argument("--subscriptions", type=int, default=20, help="subscriptions on the topic (default 20)")
+    parser.add_argument("--trigger", default="1 second",
+                        help="streaming.triggerInterval (default '1 second', Herald's default)")
+    parser.add_argument("--subscription-rate", type=float, default=None,
+                        help="each subscription's subscriptionPolicy.rate (default: Herald's, 400 a second)")
     args = parser.parse_args()
 
     from confluent_kafka import Producer
@@ -101,10 +106,12 @@ def main() -> None:
         broker.up()
         broker.create_topics({TOPIC: 2})
         layout = {f"s{n}": {"endpoint": f"{sink.url}/s{n}", "startingOffsets": "latest",
-                            "filters": [{"type": "jsonpath", "path": "$.to", "matcher": f"s{n}"}]}
+                            "filters": [{"type": "jsonpath", "path": "$.to", "matcher": f"s{n}"}],
+                            **({"subscriptionPolicy": {"rate": args.subscription_rate}}
+                               if args.subscription_rate else {})}
                   for n in range(args.subscriptions)}
         conf = write_topics_conf(root, broker.bootstrap_servers, {TOPIC: layout}, settings={
-            "streaming": {"triggerInterval": "1 second", "maxOffsetsPerTrigger": 10000, "configPollMs": 2000},
+            "streaming": {"triggerInterval": args.trigger, "maxOffsetsPerTrigger": 10000, "configPollMs": 2000},
             "rateControl": {"adjustIntervalMs": 30000, "slowRate": 1, "heartbeatIntervalMs": 60000},
         })
         log = open(root / "run.log", "wb")
