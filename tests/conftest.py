@@ -54,7 +54,7 @@ TEST_BROKER = os.environ.get("HERALD_TEST_BROKER", "kafka")
 
 
 @pytest.fixture(scope="session")
-def broker(request, tmp_path_factory):
+def broker(request):
     """The suite's Kafka broker, started once per test process: Apache Kafka (the `kafka_broker` fixture), or
     noida-db on a free loopback port with HERALD_TEST_BROKER=embedded. Both have `bootstrap_servers` and
     `create_topics(partitions_by_topic)`."""
