@@ -1,6 +1,7 @@
 """Herald on Apache Kafka itself (4.4, KRaft, one node: the `kafka_broker` fixture) with Spark's built-in Kafka
 source and delta-rs: what Kafka does to a running job (retention under a subscription's position, partitions
-added, a topic deleted, the broker restarted) loses nothing and stops nothing else. Herald's Python source runs
+added, a topic deleted, the broker restarted, transactions' markers and aborted records) loses nothing and stops
+nothing else. Herald's Python source runs
 the same where that costs seconds (not partitions added, the longest: 30-50 s). The same scenarios run on
 noida-db with Herald's Python source in test_retention_gap.py, test_partitions_added.py and
 test_topic_failures.py (tests/support/broker_scenarios.py)."""
