@@ -303,8 +303,8 @@ class Runner:
             self.context.writer.stop_waiting_at(deadline)
         if self.watcher is not None:
             self.watcher.stop()
-        if self.maintenance is not None:
-            self.maintenance.stop()
+        if self.maintenance is not None:  # the table in progress ends on its own (below); no other starts
+            self.maintenance.stop(timeout_s=0.0)
         if self.moves is not None:
             self.moves.stop()
         if self.context is not None:
@@ -332,6 +332,8 @@ class Runner:
             self.advisories.close(max(5.0, deadline - time.monotonic()))
         if self.control is not None:
             self.control.stop()
+        if self.maintenance is not None and not self.maintenance.stop(max(0.0, deadline - time.monotonic())):
+            log.warning("a table's maintenance is still running as the job stops; it is tried again next time")
         if self.lease is not None:
             self.lease.release()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from herald.storage.store import DEFAULT_RETENTION_HOURS, TableStore, TableUpkeep
 from herald.storage.tables import SCHEMAS
@@ -21,10 +22,14 @@ log = logging.getLogger(__name__)
 __all__ = ["DEFAULT_RETENTION_HOURS", "PeriodicMaintenance", "maintain_tables"]
 
 
-def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS) -> list[TableUpkeep]:
-    """One pass over every Herald table; a table whose pass fails is logged and skipped."""
+def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS,
+                    stopping: Callable[[], bool] = lambda: False) -> list[TableUpkeep]:
+    """One pass over every Herald table; a table whose pass fails is logged and skipped. `stopping` is asked
+    before each table: once it says True, no other table's pass starts."""
     results = []
     for table in SCHEMAS:
+        if stopping():
+            break
         try:
             results.append(store.maintain(table, retention_hours))
         except Exception:  # noqa: BLE001 - one table's failure (e.g. a commit race) must not stop the others
@@ -33,7 +38,10 @@ def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTIO
 
 
 class PeriodicMaintenance:
-    """Runs `maintain_tables` every `interval_hours` on a thread of its own until stopped."""
+    """Runs `maintain_tables` every `interval_hours` on a thread of its own until stopped.
+
+    A table's pass cannot be cut short (with delta-spark on a small machine it took minutes), so `stop` lets the
+    one in progress end and starts no other: a job being stopped is not held up for the whole pass."""
 
     def __init__(self, store: TableStore, interval_hours: float,
                  retention_hours: float = DEFAULT_RETENTION_HOURS) -> None:
@@ -46,13 +54,18 @@ class PeriodicMaintenance:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """No table's pass starts from now on; wait up to `timeout_s` seconds (None: as long as it takes) for the
+        one in progress. False when it still runs: the thread is a daemon, and what it leaves is safe to stop
+        under (a compaction is one atomic commit, vacuum deletes only files no version needs)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for upkeep in maintain_tables(self.store, self.retention_hours):
+            for upkeep in maintain_tables(self.store, self.retention_hours, self._stop.is_set):
                 log.info("table %s: %d file(s) compacted into %d, %s deleted; log %s file(s) -> %s", upkeep.table,
                          upkeep.files_removed, upkeep.files_added, upkeep.files_deleted, upkeep.log_files_before,
                          upkeep.log_files_after)

@@ -1,0 +1,49 @@
+"""Stopping the periodic table maintenance: the table in progress ends, no other starts (no Spark, no tables)."""
+
+from __future__ import annotations
+
+import threading
+
+from herald.storage.maintenance import PeriodicMaintenance, maintain_tables
+from herald.storage.store import TableUpkeep
+from herald.storage.tables import SCHEMAS
+
+
+class SlowStore:
+    """Records the tables it is asked to maintain; the first pass blocks until `release` is set."""
+
+    def __init__(self) -> None:
+        self.maintained: list[str] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
+        self.maintained.append(table)
+        self.started.set()
+        self.release.wait(10)
+        return TableUpkeep(table, files_removed=0, files_added=0, files_deleted=0)
+
+
+def test_maintain_tables_starts_no_table_once_stopping():
+    store = SlowStore()
+    store.release.set()
+    asked = []
+
+    def stopping() -> bool:
+        asked.append(True)
+        return len(asked) > 2
+
+    results = maintain_tables(store, 24, stopping)
+    assert store.maintained == list(SCHEMAS)[:2] and [r.table for r in results] == list(SCHEMAS)[:2]
+    assert len(SCHEMAS) > 2
+
+
+def test_stopping_a_pass_in_progress_lets_its_table_end_and_starts_no_other():
+    store = SlowStore()
+    maintenance = PeriodicMaintenance(store, interval_hours=0.01 / 3600)  # a pass every 10 ms
+    maintenance.start()
+    assert store.started.wait(10)
+    assert maintenance.stop(timeout_s=0.1) is False, "the table in progress is still being maintained"
+    store.release.set()
+    assert maintenance.stop(timeout_s=10) is True
+    assert store.maintained == [list(SCHEMAS)[0]], "no table after the stop"
