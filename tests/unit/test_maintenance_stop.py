@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from herald.storage.maintenance import PeriodicMaintenance, maintain_tables
 from herald.storage.store import TableUpkeep
 from herald.storage.tables import SCHEMAS
@@ -47,3 +49,55 @@ def test_stopping_a_pass_in_progress_lets_its_table_end_and_starts_no_other():
     store.release.set()
     assert maintenance.stop(timeout_s=10) is True
     assert store.maintained == [list(SCHEMAS)[0]], "no table after the stop"
+
+
+class StubMaintenance:
+    """A pass that never ends while the job stops: records each `stop` call's timeout into `calls`."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        self.calls.append(("maintenance.stop", timeout_s))
+        return False
+
+
+class StubLease:
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def release(self) -> None:
+        self.calls.append(("lease.release", None))
+
+
+def test_a_job_stopping_asks_maintenance_first_and_gives_the_lease_back_after_its_last_wait(tmp_path):
+    from herald.config import load_config
+    from herald.engine.runner import Runner
+    from tests.support.herald_env import write_conf
+
+    runner = Runner(load_config(write_conf(tmp_path, "127.0.0.1:9", "g.t", {"s": {"endpoint": "http://x/"}})))
+    calls: list = []
+    runner.maintenance, runner.lease = StubMaintenance(calls), StubLease(calls)
+    runner.shutdown(grace_s=0.0)
+    assert calls == [("maintenance.stop", 0.0), ("maintenance.stop", 5.0), ("lease.release", None)], \
+        "no pass starts once stopping; the table in progress gets at least 5 s; then the lease goes back"
+
+
+def test_a_second_ctrl_c_during_the_last_wait_still_gives_the_lease_back(tmp_path):
+    from herald.config import load_config
+    from herald.engine.runner import Runner
+    from tests.support.herald_env import write_conf
+
+    class Interrupted(StubMaintenance):
+        def stop(self, timeout_s: float | None = None) -> bool:
+            super().stop(timeout_s)
+            if timeout_s:
+                raise KeyboardInterrupt
+            return False
+
+    runner = Runner(load_config(write_conf(tmp_path, "127.0.0.1:9", "g.t", {"s": {"endpoint": "http://x/"}})))
+    calls: list = []
+    runner.maintenance, runner.lease = Interrupted(calls), StubLease(calls)
+    with pytest.raises(KeyboardInterrupt):
+        runner.shutdown(grace_s=0.0)
+    assert calls[-1] == ("lease.release", None)

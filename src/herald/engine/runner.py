@@ -332,10 +332,13 @@ class Runner:
             self.advisories.close(max(5.0, deadline - time.monotonic()))
         if self.control is not None:
             self.control.stop()
-        if self.maintenance is not None and not self.maintenance.stop(max(0.0, deadline - time.monotonic())):
-            log.warning("a table's maintenance is still running as the job stops; it is tried again next time")
-        if self.lease is not None:
-            self.lease.release()
+        try:  # the table in progress may take long: a second Ctrl-C here must not keep the lease from going back
+            if self.maintenance is not None and not self.maintenance.stop(max(5.0, deadline - time.monotonic())):
+                log.warning("a table's maintenance pass did not end before the job stopped; it is abandoned (nothing "
+                            "is lost) and done again at the next pass")
+        finally:
+            if self.lease is not None:
+                self.lease.release()
 
     def _report_parked(self) -> None:
         if self.dead_letters is not None and self.dead_letters.pending:

@@ -216,8 +216,8 @@ class StorageLease:
         if self._thread is not None:
             self._thread.join()
         if self._live_row:
-            try:
-                self._write(self.clock_ms(), released=True)
+            try:  # tried again: it may lose a commit race (a maintenance pass of this table ending beside it)
+                self._write_retried(self.clock_ms(), released=True)
             except Exception as error:  # noqa: BLE001 - it expires by itself
                 log.warning("giving the lease back failed (it expires in %.0f s): %s", self.ttl_s, error)
 

@@ -56,8 +56,10 @@ class PeriodicMaintenance:
 
     def stop(self, timeout_s: float | None = None) -> bool:
         """No table's pass starts from now on; wait up to `timeout_s` seconds (None: as long as it takes) for the
-        one in progress. False when it still runs: the thread is a daemon, and what it leaves is safe to stop
-        under (a compaction is one atomic commit, vacuum deletes only files no version needs)."""
+        one in progress. False when it still runs: the thread is a daemon, and the process may end under it
+        without changing a row (a compaction or a checkpoint is one atomic commit or none; vacuum deletes only
+        files no version within the retention reads; an unfinished pass leaves at most unreferenced files,
+        which a later vacuum deletes)."""
         self._stop.set()
         if self._thread.ident is not None:  # started
             self._thread.join(timeout_s)
