@@ -58,18 +58,26 @@ def test_a_retention_keeps_recent_unreferenced_files(tmp_path):
     assert upkeep.files_deleted == 0, "the compacted files are younger than the retention: kept for time travel"
 
 
-def test_a_running_job_maintains_on_its_interval(tmp_path):
+def test_a_running_job_maintains_on_its_interval_and_keeps_files_younger_than_an_hour(tmp_path):
+    """Compacted every 0.5 s; asked for a retention of 0, it still keeps the files compaction replaced: they are
+    younger than the hour a job's own maintenance always keeps (its writer's files are unreferenced until
+    committed)."""
+    from deltalake import DeltaTable
+
     store = DeltaRsStore(str(tmp_path))
     rounds(store, 6)
+    table = str(tmp_path / "tables" / OFFSETS)
     maintenance = PeriodicMaintenance(store, interval_hours=0.5 / 3600, retention_hours=0)  # every 0.5 s
     maintenance.start()
     try:
         deadline = dt.datetime.now() + dt.timedelta(seconds=20)
-        while data_files(tmp_path) > 1 and dt.datetime.now() < deadline:
+        while len(DeltaTable(table).file_uris()) > 1 and dt.datetime.now() < deadline:
             maintenance._stop.wait(0.2)
     finally:
         maintenance.stop()
-    assert data_files(tmp_path) == 1
+    assert len(DeltaTable(table).file_uris()) == 1, "compacted into one file"
+    assert data_files(tmp_path) == 7, "the six it replaced are kept: younger than an hour"
+    assert store.read(OFFSETS).num_rows == 6 * 4
 
 
 def _log(root: Path) -> list[str]:

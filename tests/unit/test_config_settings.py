@@ -67,6 +67,13 @@ def test_limits_are_reported_with_file_and_key(tmp_path, low, high):
     assert set(problems) == expected, problems
 
 
+def test_a_retention_under_an_hour_is_refused_naming_the_key(tmp_path):
+    """A job's maintenance vacuums beside its table writer, whose files are unreferenced until committed."""
+    settings = SETTINGS + "  maintenanceRetentionHours: 0\n"
+    assert problems_of(write_conf(tmp_path, settings=settings)) == [
+        "conf/herald.yaml: storage.maintenanceRetentionHours: must be >= 1 (got 0)"]
+
+
 def test_unknown_keys_of_the_new_sections_are_refused(tmp_path):
     settings = SETTINGS + "delivery:\n  maxOpen: x\nstreaming:\n  batchDeadline: x\n"
     assert set(problems_of(write_conf(tmp_path, settings=settings))) == {

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from herald.storage.maintenance import PeriodicMaintenance, maintain_tables
+from herald.storage.maintenance import MIN_RUNNING_RETENTION_HOURS, PeriodicMaintenance, maintain_tables
 from herald.storage.store import TableUpkeep
 from herald.storage.tables import SCHEMAS
 
@@ -16,11 +16,13 @@ class SlowStore:
 
     def __init__(self) -> None:
         self.maintained: list[str] = []
+        self.retentions: list[float] = []
         self.started = threading.Event()
         self.release = threading.Event()
 
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         self.maintained.append(table)
+        self.retentions.append(retention_hours)
         self.started.set()
         self.release.wait(10)
         return TableUpkeep(table, files_removed=0, files_added=0, files_deleted=0)
@@ -49,6 +51,16 @@ def test_stopping_a_pass_in_progress_lets_its_table_end_and_starts_no_other():
     store.release.set()
     assert maintenance.stop(timeout_s=10) is True
     assert store.maintained == [list(SCHEMAS)[0]], "no table after the stop"
+
+
+def test_a_jobs_own_maintenance_never_vacuums_files_younger_than_an_hour():
+    store = SlowStore()
+    store.release.set()
+    maintenance = PeriodicMaintenance(store, interval_hours=0.01 / 3600, retention_hours=0)
+    maintenance.start()
+    assert store.started.wait(10)
+    maintenance.stop(timeout_s=10)
+    assert store.retentions and set(store.retentions) == {MIN_RUNNING_RETENTION_HOURS} == {1.0}
 
 
 class StubMaintenance:

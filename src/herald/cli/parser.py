@@ -80,7 +80,8 @@ def _operating_commands(commands: Commands) -> None:
     maintain = commands.add("maintain", cmd_maintain, "compact the tables and delete files no recent version needs")
     maintain.add_argument("--retention-hours", type=float, metavar="H",
                           help="delete unreferenced files older than H hours (default: "
-                               "storage.maintenanceRetentionHours, 168)")
+                               "storage.maintenanceRetentionHours, 168); under 1 only while no job writes the "
+                               "tables: a file written and not yet committed is unreferenced too")
     maintain.add_argument("--json", action="store_true")
 
 

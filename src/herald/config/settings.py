@@ -44,7 +44,9 @@ class KafkaSettings(Strict):
 class StorageSettings(Strict):
     """maintenanceIntervalHours: hours between two compactions of the tables in a running job (None: never;
     `herald maintain` does it on demand). maintenanceRetentionHours: how old an unreferenced file must be before
-    it is deleted; the tables' log and deleted-file retentions are the same (`herald.storage.properties`).
+    it is deleted; the tables' log and deleted-file retentions are the same (`herald.storage.properties`). At
+    least an hour: a file the table writer has written and not committed yet is unreferenced too, and the job's
+    maintenance runs beside the writer.
     commitIntervalMs: the least time between two writes of the table writer, so that rounds gather into one
     commit per table (0: write each round as soon as the last write ended). A minute by default, as Hermes
     commits its offsets: a crash delivers up to that minute again."""
@@ -53,7 +55,7 @@ class StorageSettings(Strict):
     engine: Literal["auto", "spark", "deltalake"] = "auto"
     options: dict[str, str] = Field(default_factory=dict)  # object-store options for deltalake; never logged
     maintenanceIntervalHours: Annotated[float, Field(gt=0, le=8760)] | None = 6
-    maintenanceRetentionHours: Annotated[float, Field(ge=0, le=87600)] = 168
+    maintenanceRetentionHours: Annotated[float, Field(ge=1, le=87600)] = 168
     commitIntervalMs: Annotated[int, Field(ge=0, le=600_000)] = 60_000
 
 

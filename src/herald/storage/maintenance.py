@@ -19,7 +19,7 @@ from herald.storage.tables import SCHEMAS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_RETENTION_HOURS", "PeriodicMaintenance", "maintain_tables"]
+__all__ = ["DEFAULT_RETENTION_HOURS", "MIN_RUNNING_RETENTION_HOURS", "PeriodicMaintenance", "maintain_tables"]
 
 
 def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS,
@@ -37,8 +37,15 @@ def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTIO
     return results
 
 
+MIN_RUNNING_RETENTION_HOURS = 1.0
+"""The least retention a job's own maintenance vacuums with: it runs beside the table writer, whose files are
+unreferenced from when they are written until their commit (a vacuum at 0 hours could delete them, and the
+commit would then name files that are gone)."""
+
+
 class PeriodicMaintenance:
-    """Runs `maintain_tables` every `interval_hours` on a thread of its own until stopped.
+    """Runs `maintain_tables` every `interval_hours` on a thread of its own until stopped, with a retention of at
+    least `MIN_RUNNING_RETENTION_HOURS`.
 
     A table's pass cannot be cut short (with delta-spark on a small machine it took minutes), so `stop` lets the
     one in progress end and starts no other: a job being stopped is not held up for the whole pass."""
@@ -47,7 +54,7 @@ class PeriodicMaintenance:
                  retention_hours: float = DEFAULT_RETENTION_HOURS) -> None:
         self.store = store
         self.interval_s = interval_hours * 3600
-        self.retention_hours = retention_hours
+        self.retention_hours = max(retention_hours, MIN_RUNNING_RETENTION_HOURS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="herald-table-maintenance", daemon=True)
 
