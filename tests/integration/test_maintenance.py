@@ -60,8 +60,7 @@ def test_a_retention_keeps_recent_unreferenced_files(tmp_path):
 
 def test_a_running_job_maintains_on_its_interval_and_keeps_files_younger_than_an_hour(tmp_path):
     """Compacted every 0.5 s; asked for a retention of 0, it still keeps the files compaction replaced: they are
-    younger than the hour a job's own maintenance always keeps (its writer's files are unreferenced until
-    committed)."""
+    younger than the hour a job's own maintenance always keeps (the job's reads may still need them)."""
     from deltalake import DeltaTable
 
     store = DeltaRsStore(str(tmp_path))

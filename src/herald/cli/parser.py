@@ -42,6 +42,17 @@ class Commands:
         return sub
 
 
+def _hours(text: str) -> float:
+    """A number of hours, 0 or more (`herald maintain --retention-hours`)."""
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of hours: {text!r}") from None
+    if not hours >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be 0 or more hours, not {text}")
+    return hours
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="herald", description="Push delivery from Kafka to HTTP subscribers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -78,10 +89,10 @@ def _operating_commands(commands: Commands) -> None:
     retransmit.add_argument("--json", action="store_true")
 
     maintain = commands.add("maintain", cmd_maintain, "compact the tables and delete files no recent version needs")
-    maintain.add_argument("--retention-hours", type=float, metavar="H",
+    maintain.add_argument("--retention-hours", type=_hours, metavar="H",
                           help="delete unreferenced files older than H hours (default: "
-                               "storage.maintenanceRetentionHours, 168); under 1 only while no job writes the "
-                               "tables: a file written and not yet committed is unreferenced too")
+                               "storage.maintenanceRetentionHours, 168); under 1 only while no job runs on the "
+                               "tables: a job's reads may still need the files a compaction has just replaced")
     maintain.add_argument("--json", action="store_true")
 
 

@@ -45,8 +45,8 @@ class StorageSettings(Strict):
     """maintenanceIntervalHours: hours between two compactions of the tables in a running job (None: never;
     `herald maintain` does it on demand). maintenanceRetentionHours: how old an unreferenced file must be before
     it is deleted; the tables' log and deleted-file retentions are the same (`herald.storage.properties`). At
-    least an hour: a file the table writer has written and not committed yet is unreferenced too, and the job's
-    maintenance runs beside the writer.
+    least an hour: the job's maintenance runs beside its writes and reads (with delta-spark a file written and not
+    committed yet is unreferenced too; with delta-rs a read may still need the files a compaction replaced).
     commitIntervalMs: the least time between two writes of the table writer, so that rounds gather into one
     commit per table (0: write each round as soon as the last write ended). A minute by default, as Hermes
     commits its offsets: a crash delivers up to that minute again."""

@@ -38,9 +38,11 @@ def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTIO
 
 
 MIN_RUNNING_RETENTION_HOURS = 1.0
-"""The least retention a job's own maintenance vacuums with: it runs beside the table writer, whose files are
-unreferenced from when they are written until their commit (a vacuum at 0 hours could delete them, and the
-commit would then name files that are gone)."""
+"""The least retention a job's own maintenance vacuums with, as it runs beside the job's writes and reads. With
+delta-spark a vacuum deletes every file the log does not name once it is older than the retention, so at 0 hours
+also a file the table writer has written and not committed yet, which the commit then names; with delta-rs (it
+deletes only files the log removed) a vacuum at 0 hours deletes the files a compaction has just replaced while
+a read of the version before it may still need them."""
 
 
 class PeriodicMaintenance:

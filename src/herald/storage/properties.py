@@ -29,8 +29,9 @@ from herald.storage.tables import SCHEMAS
 
 CHECKPOINT_INTERVAL = 500
 MIN_LOG_RETENTION_HOURS = 1
-"""A retention of 0 (allowed for `herald maintain --retention-hours`) would let a writer's log cleanup delete
-the versions a reader is still listing."""
+"""The least log retention a table gets, whatever retention a store is built with (herald.yaml asks for at least
+an hour; stores built directly, as benchmarks and tests do, may ask for less): a shorter one would let a writer's
+log cleanup delete the versions a reader is still listing."""
 
 _STATS_COLUMNS = ("subscription", "holder", "writer", "batch_id")
 

@@ -1,4 +1,5 @@
-"""Stopping the periodic table maintenance: the table in progress ends, no other starts (no Spark, no tables)."""
+"""Table maintenance without Spark or tables: how a running job's passes stop, the least retention they vacuum with,
+and the retention `herald maintain` accepts."""
 
 from __future__ import annotations
 
@@ -113,3 +114,18 @@ def test_a_second_ctrl_c_during_the_last_wait_still_gives_the_lease_back(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         runner.shutdown(grace_s=0.0)
     assert calls[-1] == ("lease.release", None)
+
+
+@pytest.mark.parametrize("given", ["-1", "nan", "an hour"])
+def test_herald_maintain_refuses_a_retention_that_is_no_number_of_hours(given, capsys):
+    from herald.cli.parser import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["maintain", "--conf", "conf", "--retention-hours", given])
+    assert "--retention-hours" in capsys.readouterr().err
+
+
+def test_herald_maintain_takes_zero_hours_for_tables_no_job_runs_on():
+    from herald.cli.parser import build_parser
+
+    assert build_parser().parse_args(["maintain", "--conf", "conf", "--retention-hours", "0"]).retention_hours == 0.0
