@@ -50,6 +50,31 @@ def test_herald_maintain_compacts_and_vacuums_without_changing_a_row(tmp_path, c
     assert store.read(OFFSETS).num_rows == 30 * 4
 
 
+def test_herald_maintain_under_an_hour_refuses_while_a_job_holds_the_storage_path(tmp_path, capsys):
+    """A job's reads may still need the files a compaction replaces: under an hour's retention `maintain` waits
+    for no job, it refuses; an hour or more runs beside the job."""
+    from herald.storage.lease import StorageLease
+
+    conf = write_conf(tmp_path, "127.0.0.1:9", "g.t", {"s": {"endpoint": "http://127.0.0.1:9/"}})
+    storage = tmp_path / "storage"
+    store = DeltaRsStore(str(storage))
+    rounds(store, 5)
+    lease = StorageLease(store, settle_s=0.0)
+    lease.acquire()
+    try:
+        assert main(["maintain", "--conf", str(conf), "--retention-hours", "0.5"]) == 1
+        printed = capsys.readouterr().out
+        assert printed.startswith("not maintained:") and f"process {lease.pid}" in printed
+        assert data_files(storage) == 5, "nothing compacted"
+        assert main(["maintain", "--conf", str(conf), "--retention-hours", "1", "--json"]) == 0
+        report = {row["table"]: row for row in json.loads(capsys.readouterr().out)}
+        assert report[OFFSETS]["files_removed"] == 5 and report[OFFSETS]["files_deleted"] == 0
+    finally:
+        lease.release()
+    assert main(["maintain", "--conf", str(conf), "--retention-hours", "0", "--json"]) == 0, "no job any more"
+    assert data_files(storage) == 1
+
+
 def test_a_retention_keeps_recent_unreferenced_files(tmp_path):
     store = DeltaRsStore(str(tmp_path))
     rounds(store, 5)

@@ -117,10 +117,20 @@ def cmd_maintain(args) -> int:
     from herald.storage import DeltaRsStore
     from herald.storage.maintenance import maintain_tables
 
+    from herald.storage.lease import StorageLease
+    from herald.storage.maintenance import MIN_RUNNING_RETENTION_HOURS
+
     config = load_herald_yaml(args.conf)
     settings = config.settings.storage
     hours = args.retention_hours if args.retention_hours is not None else settings.maintenanceRetentionHours
     store = DeltaRsStore(config.storage_path, settings.options or None, settings.maintenanceRetentionHours)
+    if hours < MIN_RUNNING_RETENTION_HOURS:
+        running = StorageLease(store).live_holders()
+        if running:
+            print(f"not maintained: a retention under {MIN_RUNNING_RETENTION_HOURS:g} h could delete files a running "
+                  f"job still reads, and {running[0].shown()} holds this storage path; stop it first, or keep "
+                  f"--retention-hours at {MIN_RUNNING_RETENTION_HOURS:g} or more")
+            return 1
     results = maintain_tables(store, hours)
     if args.json:
         print_json([asdict(result) for result in results])

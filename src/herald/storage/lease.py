@@ -121,6 +121,11 @@ class StorageLease:
         self._thread: threading.Thread | None = None
 
     # -- the table ----------------------------------------------------------------------------------------------
+    def live_holders(self) -> list[Holder]:
+        """The jobs holding the storage path now (a released, expired or stale row counts not), read without
+        taking the lease."""
+        return self._live()
+
     def _live(self) -> list[Holder]:
         now = self.clock_ms()
         holders = []
