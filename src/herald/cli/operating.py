@@ -115,10 +115,8 @@ def cmd_maintain(args) -> int:
     from dataclasses import asdict
 
     from herald.storage import DeltaRsStore
-    from herald.storage.maintenance import maintain_tables
-
     from herald.storage.lease import StorageLease
-    from herald.storage.maintenance import MIN_RUNNING_RETENTION_HOURS
+    from herald.storage.maintenance import MIN_RUNNING_RETENTION_HOURS, maintain_tables
 
     config = load_herald_yaml(args.conf)
     settings = config.settings.storage
