@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from herald.storage import DeltaRsStore
 from herald.storage.lease import WRITE_ATTEMPTS, LeaseHeld, StorageLease
 from tests.support.herald_env import produce, wait_until, write_conf
+from tests.support.lease_race import race
 from tests.support.running import RunningHerald
 from tests.support.subscriber import ScriptedSubscriber
 
@@ -51,22 +51,8 @@ def test_a_lease_ends_when_it_expires_or_its_process_on_this_host_is_gone(tmp_pa
 
 def test_two_jobs_starting_together_end_with_exactly_one_holder(tmp_path):
     store = DeltaRsStore(str(tmp_path / "storage"))
-    leases = [_lease(store, settle_s=0.0) for _ in range(2)]
-    results: dict[int, str] = {}
-
-    def take(index: int) -> None:
-        try:
-            leases[index].acquire()
-            results[index] = "holds"
-        except LeaseHeld:
-            results[index] = "refused"
-
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(results.values()) == ["holds", "refused"]
+    outcomes = race([_lease(store, settle_s=0.0) for _ in range(2)])
+    assert sorted(outcomes) == ["holds", "refused"], outcomes
 
 
 def test_a_job_that_finds_another_holder_at_renewal_stops(tmp_path):

@@ -102,27 +102,10 @@ def test_two_jobs_taking_the_lease_of_one_delta_spark_storage_at_once_end_with_o
     """Two jobs' lease rows race for the next commit of the leases table: Delta refuses the later one
     (ConcurrentAppendException, reproduced with two slice writers of one table). The lease writes its row again,
     so one job holds the lease and the other is told who does, instead of both failing to start."""
-    import threading
-
-    from herald.storage.lease import LeaseHeld, StorageLease
+    from herald.storage.lease import StorageLease
+    from tests.support.lease_race import race
 
     require_jars(spark, DELTA_SPARK_CLASS)
     store = SparkDeltaStore(spark, str(tmp_path / "storage"))
-    leases = [StorageLease(store) for _ in range(2)]
-    outcomes: dict[int, str] = {}
-
-    def take(index: int) -> None:
-        try:
-            leases[index].acquire()
-            outcomes[index] = "holds"
-        except LeaseHeld:
-            outcomes[index] = "refused"
-        except Exception as error:  # noqa: BLE001 - collected: the assertion names it
-            outcomes[index] = f"{type(error).__name__}: {error}"[:300]
-
-    threads = [threading.Thread(target=take, args=(index,)) for index in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(outcomes.values()) == ["holds", "refused"], outcomes
+    outcomes = race([StorageLease(store) for _ in range(2)])
+    assert sorted(outcomes) == ["holds", "refused"], outcomes
