@@ -75,6 +75,40 @@ def test_herald_maintain_under_an_hour_refuses_while_a_job_holds_the_storage_pat
     assert data_files(storage) == 1
 
 
+def test_herald_maintain_under_an_hour_holds_the_lease_so_no_job_starts_during_its_pass(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """The check above is a read: a job starting after it would run beside the pass. So the pass holds the
+    storage path's lease: a job trying to start during it is refused (naming the maintain process), and may
+    start once it is over."""
+    from herald.storage import maintenance
+    from herald.storage.lease import LeaseHeld, StorageLease
+
+    conf = write_conf(tmp_path, "127.0.0.1:9", "g.t", {"s": {"endpoint": "http://127.0.0.1:9/"}})
+    storage = tmp_path / "storage"
+    rounds(DeltaRsStore(str(storage)), 5)
+    real_pass = maintenance.maintain_tables
+    refused: list[str] = []
+
+    def pass_with_a_job_starting(store, hours, stopping=lambda: False):
+        job = StorageLease(DeltaRsStore(str(storage)), settle_s=0.0)
+        try:
+            job.acquire()
+        except LeaseHeld as error:
+            refused.append(str(error))
+        else:
+            job.release()
+        return real_pass(store, hours, stopping)
+
+    monkeypatch.setattr(maintenance, "maintain_tables", pass_with_a_job_starting)
+    assert main(["maintain", "--conf", str(conf), "--retention-hours", "0", "--json"]) == 0
+    assert len(refused) == 1 and f"process {os.getpid()}" in refused[0], refused
+    assert data_files(storage) == 1, "the pass ran to its end"
+    job = StorageLease(DeltaRsStore(str(storage)), settle_s=0.0)
+    job.acquire()  # the pass gave the lease back
+    job.release()
+    capsys.readouterr()
+
+
 def test_a_retention_keeps_recent_unreferenced_files(tmp_path):
     store = DeltaRsStore(str(tmp_path))
     rounds(store, 5)

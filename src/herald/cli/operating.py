@@ -8,6 +8,7 @@ runner, `herald.config.edit`, `herald.engine.moves`, `herald.storage.maintenance
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from herald.cli.loading import load, load_herald_yaml, load_lenient, refuse, subscription_of
@@ -111,25 +112,54 @@ def cmd_retransmit(args) -> int:
     return 0
 
 
+MAINTAIN_LEASE_S = 900.0
+"""How long `herald maintain` under an hour's retention holds the storage path's lease (seconds); it is not renewed,
+so that no lease row is written while files are deleted (a write in progress could lose its new file)."""
+MAINTAIN_TABLE_S = 300.0
+"""Time left on that lease (seconds) below which no other table's pass starts (delta-rs: seconds a table)."""
+
+
 def cmd_maintain(args) -> int:
     from dataclasses import asdict
 
     from herald.storage import DeltaRsStore
-    from herald.storage.lease import StorageLease
+    from herald.storage.lease import LeaseHeld, StorageLease
     from herald.storage.maintenance import MIN_RUNNING_RETENTION_HOURS, maintain_tables
 
     config = load_herald_yaml(args.conf)
     settings = config.settings.storage
     hours = args.retention_hours if args.retention_hours is not None else settings.maintenanceRetentionHours
     store = DeltaRsStore(config.storage_path, settings.options or None, settings.maintenanceRetentionHours)
-    if hours < MIN_RUNNING_RETENTION_HOURS:
-        running = StorageLease(store).live_holders()
-        if running:
+    if hours >= MIN_RUNNING_RETENTION_HOURS:
+        results = maintain_tables(store, hours)
+    else:  # files a job's reads may still need could go: no job may start on the tables during the pass
+        lease = StorageLease(store, ttl_s=MAINTAIN_LEASE_S)  # not renewed: no lease row is written during the pass
+        try:
+            running = lease.live_holders()
+            if running:
+                raise LeaseHeld(f"{running[0].shown()} holds this storage path")
+            lease.acquire()
+        except LeaseHeld as held:
             print(f"not maintained: a retention under {MIN_RUNNING_RETENTION_HOURS:g} h could delete files a running "
-                  f"job still reads, and {running[0].shown()} holds this storage path; stop it first, or keep "
-                  f"--retention-hours at {MIN_RUNNING_RETENTION_HOURS:g} or more")
+                  f"job still reads ({held}); stop it first, or keep --retention-hours at "
+                  f"{MIN_RUNNING_RETENTION_HOURS:g} or more")
             return 1
-    results = maintain_tables(store, hours)
+        ends = time.monotonic() + MAINTAIN_LEASE_S - MAINTAIN_TABLE_S
+        stopped: list[bool] = []
+
+        def running_out() -> bool:  # asked before each table: its pass starts only while the lease outlasts it
+            if time.monotonic() > ends:
+                stopped.append(True)
+            return bool(stopped)
+
+        try:
+            results = maintain_tables(store, hours, stopping=running_out)
+        finally:
+            lease.release()
+        if stopped:
+            print(f"the pass stopped after {len(results)} table(s): its lease of the storage path was running out; "
+                  "run it again for the others", file=sys.stderr)
+            return 1
     if args.json:
         print_json([asdict(result) for result in results])
         return 0

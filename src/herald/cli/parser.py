@@ -92,7 +92,8 @@ def _operating_commands(commands: Commands) -> None:
     maintain.add_argument("--retention-hours", type=_hours, metavar="H",
                           help="delete unreferenced files older than H hours (default: "
                                "storage.maintenanceRetentionHours, 168); under 1 only while no job runs on the "
-                               "tables: a job's reads may still need the files a compaction has just replaced")
+                               "tables (a job's reads may still need the files a compaction has just replaced), "
+                               "and no job may start until the pass ends")
     maintain.add_argument("--json", action="store_true")
 
 
