@@ -29,11 +29,11 @@ from herald.engine.control import ControlServer
 from herald.engine.moves import MoveWatcher, unapplied_moves
 from herald.engine.positions import behind
 from herald.engine.retries import RetryDriver
-from herald.session import get_or_create_session
 from herald.engine.state import StateBook, SubscriptionState
 from herald.engine.supervision import QuerySupervisor
 from herald.engine.topic import TopicPipeline
 from herald.engine.topics import Topics, by_topic
+from herald.session import get_or_create_session
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import choose_connector
 from herald.storage import TableWriter, open_store
