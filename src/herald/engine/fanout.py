@@ -3,6 +3,7 @@
 `run_round` coalesces the rows into at most `max_tasks` tasks, runs the senders with `mapInArrow` (the only
 action on the rows, so the senders run exactly once per task) and reads the tasks' reports back. `outcomes`
 turns the reports into what the round did for each subscription, positions included (see `positions`).
+`reports_by_round` reads back the reports of a job shared by several topics' rounds (`task.rounds_task`).
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from herald.delivery.flow import FlowState
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.report import REPORT_DDL, LaneCounters, TaskReport
 from herald.engine.pinning import Pin, PinNews
 from herald.engine.planner import named
-from herald.engine.task import delivery_task
 from herald.engine.positions import Lost, advance
 from herald.engine.rounds import SubscriptionOutcome
 from herald.engine.state import SubscriptionState
+from herald.engine.task import ROUND, delivery_task
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,15 @@ def run_round(rows, plan: TaskPlan, input_partitions: int) -> list[TaskReport]:
     frame = rows.coalesce(plan.tasks) if plan.tasks < input_partitions else rows
     table = frame.mapInArrow(delivery_task(plan), REPORT_DDL).toArrow()
     return TaskReport.from_table(table)
+
+
+def reports_by_round(table: pa.Table, rounds: int) -> list[list[TaskReport]]:
+    """The collected rows of a job shared by `rounds` rounds (`task.rounds_task`): each round's task reports,
+    in the order of the rounds (a round no task reported on gets none)."""
+    places = table.column(ROUND)
+    table = table.drop_columns([ROUND])
+    return [TaskReport.from_table(table.filter(pc.equal(places, pa.scalar(place, places.type))))
+            for place in range(rounds)]
 
 
 def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int, int]],

@@ -12,6 +12,10 @@ AVRO topics avro (what AVRO subscriptions receive), error, raw (the record's ori
 records, and for every row when a subscription has a dead-letter topic), schema_id, schema_version; and for
 both, position_id: the message id of a row that goes somewhere, unless its `id` header names one
 (`position_message_id`).
+
+`project_topics` projects the rows of several JSON topics at once (each topic's filters guarded by its name),
+for a delivery job shared by the topics of a micro-batch: its rows are what each topic's own `project` gives,
+plus `round`, the topic's place in the list (tests/integration/test_projection_topics.py).
 """
 
 from __future__ import annotations
@@ -60,11 +64,44 @@ def project(raw, config: HeraldConfig, topic: Topic, subscriptions: Sequence[Sub
     ))
 
 
+def project_topics(raw, config: HeraldConfig, topics: Sequence[tuple[Topic, Sequence[Subscription]]]):
+    """The rows of several JSON topics (`raw`: Kafka rows, either connector's columns, with a `topic` column) in
+    one projection: each topic's rows as `project` gives them for its subscriptions, with one more column,
+    `round`: the topic's place in `topics`. A row's `targets` are indices into its own topic's subscriptions (each
+    topic's filters guarded by its name: a row never goes to another topic's subscription). One parse of the JSON
+    per row for every topic's filter paths, rows of other topics left out. Raises ValueError for an AVRO topic
+    (each decodes with a schema of its own: `project`)."""
+    rule_sets, guards, values, rounds = [], [], [], []
+    for place, (topic, subscriptions) in enumerate(topics):
+        if topic.contentType is ContentType.AVRO:
+            raise ValueError(f"{topic.kafka_topic} is an AVRO topic: it is projected alone")
+        guard = f"topic = {lit(topic.kafka_topic)}"
+        rounds.append(f"WHEN {guard} THEN {place}")
+        for index, subscription in enumerate(subscriptions):
+            rule_sets.append(filter_rules(subscription))
+            guards.append(guard)
+            values.append(index)
+    names = [topic.kafka_topic for topic, _ in topics]
+    rows = with_targets(raw.where(F.col("topic").isin(names)), rule_sets, "value", "headers", guards=guards,
+                        values=values)
+    goes = F.size("targets") > 0
+    return with_position_ids(rows.select(
+        F.expr(f"CASE {' '.join(rounds)} END").cast("int").alias("round"),
+        "partition", "offset", "timestamp", "headers", "targets",
+        F.when(goes, F.col("key")).alias("key"), F.when(goes, F.col("value")).alias("value"),
+        F.when(goes, _digest("concat(topic, '/')")).alias("position_id")))
+
+
 def position_digest(kafka_topic: str):
     """SHA-1 of the message-id namespace and "<topic>/<partition>/<offset>", as 40 lower-case hex digits: what
     `herald.delivery.message.uuid5_text` hashes for a record without an `id` header. (SQL text: one call to the
     JVM per round, where the same built from functions took some forty.)"""
-    return F.expr(f"sha1(concat(unhex('{MESSAGE_ID_NAMESPACE.hex}'), cast(concat({lit(kafka_topic + '/')}, "
+    return _digest(lit(kafka_topic + "/"))
+
+
+def _digest(prefix_sql: str):
+    """`position_digest` of the rows whose "<topic>/" is the SQL `prefix_sql`."""
+    return F.expr(f"sha1(concat(unhex('{MESSAGE_ID_NAMESPACE.hex}'), cast(concat({prefix_sql}, "
                   "cast(partition AS STRING), '/', cast(offset AS STRING)) AS BINARY)))")
 
 

@@ -49,8 +49,8 @@ from herald.filters.regex import literal
 from herald.filters.rules import FilterRule
 from herald.filters.sql import Names, column_ref, ident, matched, schema_lit, strategy_match
 
-# Evaluation order of a set's conditions, cheapest first.
-_COMPUTED, _LITERAL, _REGEX, _ARRAY, _LAMBDAS = range(5)
+# Evaluation order of a set's conditions, cheapest first (a set's guard before them all).
+_GUARD, _COMPUTED, _LITERAL, _REGEX, _ARRAY, _LAMBDAS = range(-1, 5)
 
 # The -1 that array_remove drops, computed so that the targets projection stands on its own:
 # - without generated code (a higher-order function): Spark then compiles the projection expression by expression,
@@ -155,19 +155,20 @@ def _conditions(rules: Sequence[FilterRule], helpers: _Helpers, value: str, head
     return out
 
 
-def _targets_sql(sets: Sequence[Sequence[_Condition]]) -> str:
+def _targets_sql(sets: Sequence[Sequence[_Condition]], values: Sequence[int]) -> str:
     if not sets:
         return "cast(array() as array<int>)"
     items = []
-    for index, conditions in enumerate(sets):
+    for value, conditions in zip(values, sets):
         ordered = sorted(conditions, key=lambda condition: condition.cost)  # stable: declaration order
         passes = " AND ".join(f"({condition.sql})" for condition in ordered)
-        items.append(f"CASE WHEN {passes} THEN {index} ELSE -1 END" if passes else str(index))
+        items.append(f"CASE WHEN {passes} THEN {int(value)} ELSE -1 END" if passes else str(int(value)))
     return f"array_remove(array({', '.join(items)}), {_MINUS_ONE})"
 
 
 def with_targets(df: DataFrame, rule_sets: Sequence[Sequence[FilterRule]], value_col: str, headers_col: str,
-                 name: str = "targets") -> DataFrame:
+                 name: str = "targets", guards: Sequence[str] | None = None,
+                 values: Sequence[int] | None = None) -> DataFrame:
     """df plus an array<int> column `name` (never null): in ascending order, the indices i of the rule sets
     whose rules ALL pass for the row (an empty rule set passes every row).
 
@@ -175,15 +176,25 @@ def with_targets(df: DataFrame, rule_sets: Sequence[Sequence[FilterRule]], value
     or string; for an AVRO topic, the JSON text its records are decoded into, which avropath rules read) and the
     Kafka headers. For every set, the answer equals `filter_column(rule_set, value_col, headers_col)`; the JSON
     is parsed once per row for all of them (module docs). Spark pushes no filter through the result's targets
-    projection: filter rows before, not after. Raises FilterError for an invalid rule."""
+    projection: filter rows before, not after. Raises FilterError for an invalid rule.
+
+    Several topics' subscriptions in one projection (`herald.engine.projection.project_topics`): `guards` gives
+    each set a SQL condition that must hold too, tested before its rules (say `topic = 'orders'`), and `values`
+    the number a set puts in the targets instead of its index (its place among its topic's subscriptions). Sets
+    whose guards never hold together may share values; the sets of one guard come in ascending values."""
     check_column_names(value_col, headers_col)
     rule_sets = [list(rules or ()) for rules in rule_sets]
+    guards = list(guards) if guards is not None else [None] * len(rule_sets)
+    values = list(values) if values is not None else list(range(len(rule_sets)))
+    if len(guards) != len(rule_sets) or len(values) != len(rule_sets):
+        raise ValueError(f"{len(rule_sets)} rule sets, {len(guards)} guards and {len(values)} values")
     distinct = list(dict.fromkeys(rule for rules in rule_sets for rule in rules))
     for rule in distinct:
         check_rule(rule)
     helpers = _Helpers([*df.columns, name])
     condition_of = _conditions(distinct, helpers, column_ref(value_col), column_ref(headers_col))
-    sets = [list(dict.fromkeys(condition_of[rule] for rule in rules)) for rules in rule_sets]
+    sets = [([_Condition(_GUARD, guard)] if guard is not None else [])
+            + list(dict.fromkeys(condition_of[rule] for rule in rules)) for guard, rules in zip(guards, rule_sets)]
     frame = df.select("*", *helpers.columns(value_col))
 
     uses = Counter(condition for conditions in sets for condition in conditions)
@@ -193,5 +204,5 @@ def with_targets(df: DataFrame, rule_sets: Sequence[Sequence[FilterRule]], value
         frame = frame.select("*", *[F.expr(condition.sql).alias(column) for condition, column in shared.items()])
     computed = {condition: _Condition(_COMPUTED, ident(column)) for condition, column in shared.items()}
     targets = F.expr(_targets_sql([[computed.get(condition, condition) for condition in conditions]
-                                   for conditions in sets]))
+                                   for conditions in sets], values))
     return frame.withColumn(name, targets).drop(*helpers.names(), *shared.values())
