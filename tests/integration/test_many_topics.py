@@ -126,3 +126,55 @@ def test_topics_added_and_removed_while_running_replace_the_read_and_lose_nothin
     for topic in (kept, added, third):
         paths = [request.json()["i"] for request in sub.requests if request.path == f"/{topic}"]
         assert len(paths) == len(set(paths)), f"{topic}: a message delivered twice across the changes"
+
+
+def _spy(monkeypatch, module, name, calls: list, fail_first: bool = False):
+    """Wrap `module.name`, recording each call (and, with `fail_first`, raising after the first has run)."""
+    real = getattr(module, name)
+
+    def spied(*args, **kwargs):
+        calls.append(args)
+        result = real(*args, **kwargs)
+        if fail_first and len(calls) == 1:
+            raise RuntimeError("Job aborted: executor lost (injected after the tasks ran)")
+        return result
+
+    monkeypatch.setattr(module, name, spied)
+
+
+@pytest.mark.parametrize("job_fails", [False, True])
+def test_the_topics_of_a_micro_batch_share_one_delivery_job_and_fall_back_to_one_each_when_it_fails(
+        broker, spark, tmp_path, monkeypatch, job_fails):
+    """The small rounds of the topics with records in a micro-batch run as one Spark job: no topic's round runs
+    a job of its own. When that job fails after its tasks delivered (an executor lost, say), nothing of it is
+    recorded: each topic delivers the batch again in a job of its own, so every message arrives (some twice:
+    at least once), every position ends at the end of its topic and nothing is undelivered."""
+    from herald import readout
+    from herald.engine import read as shared_read
+    from herald.engine import round_steps
+
+    shared_jobs: list = []
+    own_jobs: list = []
+    _spy(monkeypatch, shared_read, "reports_by_round", shared_jobs, fail_first=job_fails)
+    _spy(monkeypatch, round_steps, "run_alone", own_jobs)
+    stamp = time.time_ns() % 10**8
+    topics = [f"joined.t{n}_{stamp}" for n in range(8)]
+    broker.create_topics({topic: 2 for topic in topics})
+    for topic in topics:
+        produce(broker.bootstrap_servers, topic, [{"i": i} for i in range(6)])
+    with ScriptedSubscriber() as sub:
+        layout = {topic: {"s": {"endpoint": f"{sub.url}/{topic}"}} for topic in topics}
+        conf = write_topics_conf(tmp_path, broker.bootstrap_servers, layout)
+        runner = Runner(load_config(conf), spark=spark)
+        assert runner.run(once=True) == 0
+    assert len(shared_jobs) == 1 and shared_jobs[0][1] == len(topics), "the batch's topics in one job"
+    assert len(own_jobs) == (len(topics) if job_fails else 0), "after a failed shared job, a job per topic"
+    for topic in topics:
+        got = [request.json()["i"] for request in sub.requests if request.path == f"/{topic}"]
+        assert sorted(set(got)) == list(range(6)), topic
+        assert len(got) == (12 if job_fails else 6), f"{topic}: {sorted(got)}"
+    config = load_config(conf)
+    for subscription in config.subscriptions:
+        recorded = {row["partition"]: row["offset"] for row in readout.offsets(config, subscription)}
+        assert sum(recorded.values()) == 6 and len(recorded) == 2, (subscription.id, recorded)
+        assert readout.undelivered(config, subscription, limit=5) == [], subscription.id

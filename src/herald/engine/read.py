@@ -2,12 +2,17 @@
 
 A topic costs its rows, not a query of its own: one micro-batch loop, one source (one planner process for the
 Python source) and one checkpoint for the whole job, subscribed to the list of its topics. Each micro-batch's
-end offsets are logged per topic in the checkpoint; each topic's pipeline (`TopicPipeline.deliver_batch`)
-delivers its own range of the batch to its own subscriptions, at the same time as the other topics do theirs
-(a thread each, at most `MAX_TOPIC_ROUNDS`). When several topics have records in a batch, the batch's rows are
-read once into Spark's cache (a failure there fails the query: `Topics` finds the topic to blame) and each topic
-reads its rows from there. A topic with nothing new in a batch costs nothing. A topic's round that fails leaves
-its subscriptions behind the frontier, to catch up on that range, and the other topics' rounds go on.
+end offsets are logged per topic in the checkpoint; each topic's pipeline (`TopicPipeline`) delivers its own
+range of the batch to its own subscriptions. When several topics have records in a batch, the batch's rows are
+read once into Spark's cache (a failure there fails the query: `Topics` finds the topic to blame). The rounds of
+JSON topics, up to `SHARED_JOB_MAX_OFFSETS` offsets in all, then share one Spark job: one projection
+of their rows (each topic's filters applied to its rows only), partitioned by topic, a Python task delivering
+each topic's rows whole with the topic's own plan. A Spark job and a Python task per topic cost ~0.2 s of 2
+cores each (tests/benchmarks/README.md, `topic_rounds.py`), more than a small round's sending. Larger rounds and
+AVRO topics (each decoded with its own schemas) read their rows from the cache in a job of their own, at the
+same time (`MAX_TOPIC_ROUNDS` threads). A topic with nothing new in a batch costs nothing. A topic's round that
+fails leaves its subscriptions behind the frontier, to catch up on that range, and the other topics' rounds go
+on; when the shared job fails, each of its topics delivers the batch in a job of its own.
 
 The set of topics read is fixed for a query. When it changes (a topic added, removed or edited, a topic that
 failed and left the read, or came back), `Topics` stops this read after the micro-batch in progress and
@@ -25,19 +30,29 @@ import hashlib
 import json
 import logging
 import threading
+import time
 
 from pyspark.sql import functions as F
 
 from herald.engine import checkpoint as checkpoints
+from herald.config.model import ContentType
 from herald.engine.context import EngineContext
+from herald.engine.fanout import reports_by_round
+from herald.engine.projection import project_topics
 from herald.engine.round_steps import input_partitions
 from herald.engine.supervision import short_error
+from herald.engine.task import ROUND, ROUNDS_REPORT_DDL, rounds_task
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import open_kafka_stream
 
 log = logging.getLogger(__name__)
 
-MAX_TOPIC_ROUNDS = 8  # topics delivering one micro-batch at the same time
+MAX_TOPIC_ROUNDS = 8  # topics' rounds of one micro-batch planned, run alone or recorded at the same time
+SHARED_JOB_MAX_OFFSETS = 50_000
+"""Most offsets of a micro-batch in its shared delivery job, all its topics together: the JSON topics' rounds join
+it smallest first while they fit; the others run in jobs of their own. A task of the shared job reads its input
+whole before it delivers (each round's rows to its own sender), so this bounds its memory; a round in it is
+delivered by one task (a larger one runs in a job of its own, over several tasks)."""
 
 
 def read_root(storage_path: str) -> str:
@@ -178,22 +193,20 @@ class SharedRead:
             batch_df = batch_df.persist()
             batch_df.count()
         try:
-            if len(rounds) == 1:
+            if shared:
+                self._deliver_many(rounds, batch_df, batch_id)
+            elif rounds:
                 pipeline, ranges = rounds[0]
                 self._deliver(pipeline, batch_df, batch_id, ranges, filtered)
-            elif rounds:
-                workers = min(len(rounds), MAX_TOPIC_ROUNDS)
-                with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="herald-topic") as pool:
-                    list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], filtered),
-                                  rounds))
         finally:
             if shared:
                 batch_df.unpersist()
 
     def _deliver(self, pipeline, batch_df, batch_id: int, ranges, filtered: bool) -> None:
-        """One topic's round of the batch. A round that fails leaves its subscriptions behind the frontier: they
-        catch up on the range, and the other topics' rounds are not affected. A round not started when the read
-        is being stopped is not started: the next read starts the topic at its frontier, before this range."""
+        """One topic's round of the batch, in a Spark job of its own. A round that fails leaves its subscriptions
+        behind the frontier: they catch up on the range, and the other topics' rounds are not affected. A round
+        not started when the read is being stopped is not started: the next read starts the topic at its
+        frontier, before this range."""
         if self.closing:
             return
         try:
@@ -202,6 +215,83 @@ class SharedRead:
                 rows = batch_df.where(F.col("topic") == pipeline.kafka_topic).coalesce(input_partitions(ranges))
             pipeline.deliver_batch(rows, batch_id, ranges, self.writers[pipeline.kafka_topic])
         except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
-            log.exception("%s micro-batch %d failed; its subscriptions catch up on it", pipeline.kafka_topic,
-                          batch_id)
-            pipeline.round_failed(ranges, short_error(error))
+            self._round_failed(pipeline, batch_id, ranges, error)
+
+    def _deliver_many(self, rounds, batch_df, batch_id: int) -> None:
+        """Several topics' rounds of the batch: the small rounds of JSON topics together in one Spark job
+        (`_deliver_together`), the others each in a job of its own, at the same time."""
+        together, alone, offsets = [], [], 0
+        for pipeline, ranges in sorted(rounds, key=lambda item: sum(e - s for s, e in item[1].values())):
+            size = sum(end - start for start, end in ranges.values())
+            if pipeline.topic.contentType is not ContentType.AVRO and offsets + size <= SHARED_JOB_MAX_OFFSETS:
+                together.append((pipeline, ranges))
+                offsets += size
+            else:
+                alone.append((pipeline, ranges))
+        if len(together) < 2:
+            together, alone = [], list(rounds)
+        workers = min(len(rounds), MAX_TOPIC_ROUNDS)
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="herald-topic") as pool:
+            running = [pool.submit(self._deliver, pipeline, batch_df, batch_id, ranges, True)
+                       for pipeline, ranges in alone]
+            if together:
+                self._deliver_together(together, batch_df, batch_id, pool)
+            for future in running:
+                future.result()
+
+    def _deliver_together(self, rounds, batch_df, batch_id: int, pool) -> None:
+        """Small rounds of JSON topics in one Spark job: each topic's round is planned (`TopicPipeline.begin_batch`),
+        their rows projected together (`project_topics`) and partitioned by topic, so a topic's rows are in one
+        task, delivered with its own plan (`task.rounds_task`), and each round is recorded (`finish_batch`). A
+        round that cannot be planned or recorded fails alone (its subscriptions catch up). When the job fails, no
+        round of it is recorded: each is abandoned and its topic delivers the batch in a job of its own."""
+        def begin(item):
+            pipeline, ranges = item
+            if self.closing:
+                return None
+            try:
+                return pipeline.begin_batch(batch_id, ranges, self.writers[pipeline.kafka_topic], tasks=1)
+            except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
+                self._round_failed(pipeline, batch_id, ranges, error)
+                return None
+
+        started = time.monotonic()
+        begun = [(pipeline, ranges, batch) for (pipeline, ranges), batch in zip(rounds, pool.map(begin, rounds))
+                 if batch is not None]
+        sending = [(pipeline, batch) for pipeline, _, batch in begun if batch.plan is not None]
+        reports: dict[int, list] = {}
+        try:
+            if sending:
+                rows = project_topics(batch_df, self.context.config,
+                                      [(pipeline.topic, batch.subscriptions) for pipeline, batch in sending])
+                rows = (rows.repartition(min(len(sending), self.context.parallelism), ROUND)
+                        .sortWithinPartitions(ROUND, "partition", "offset"))
+                table = rows.mapInArrow(rounds_task([batch.plan for _, batch in sending]), ROUNDS_REPORT_DDL).toArrow()
+                by_round = reports_by_round(table, len(sending))
+                reports = {id(batch): found for (_, batch), found in zip(sending, by_round)}
+        except BaseException as error:
+            for pipeline, _, batch in begun:
+                pipeline.abandon_batch(batch)
+            if not isinstance(error, Exception):
+                raise
+            log.warning("micro-batch %d: the delivery job of %d topics failed (%s); each delivers the batch in a job "
+                        "of its own", batch_id, len(sending), short_error(error))
+            list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], True), begun))
+            return
+        log.info("micro-batch %d: %d topics delivered in one job in %.1f s", batch_id, len(sending),
+                 time.monotonic() - started)
+
+        def finish(item):
+            pipeline, ranges, batch = item
+            try:
+                pipeline.finish_batch(batch, lambda: reports[id(batch)])
+            except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
+                self._round_failed(pipeline, batch_id, ranges, error)
+
+        list(pool.map(finish, begun))
+
+    @staticmethod
+    def _round_failed(pipeline, batch_id: int, ranges, error: BaseException) -> None:
+        log.error("%s micro-batch %d failed; its subscriptions catch up on it", pipeline.kafka_topic, batch_id,
+                  exc_info=error)
+        pipeline.round_failed(ranges, short_error(error))

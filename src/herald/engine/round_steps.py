@@ -7,9 +7,9 @@ through the same steps, here:
 1. `participants`: the subscriptions taking part, each with its `LanePlan` (`planner.lane_plan`);
 2. `task_plan`: the one `TaskPlan` the tasks get;
 3. `deliver`: for a Kafka read, the rows projected once for every participant (`projection`), delivered in
-   Spark tasks (`fanout.run_round`), and turned into each participant's `SubscriptionOutcome`, positions and
-   offsets Kafka deleted before they were read included (`lost_in`). A retry round delivers its parked
-   messages on the driver instead (`retries`);
+   Spark tasks (`fanout`; the topics of a micro-batch share a job: `herald.engine.read`), and turned into each
+   participant's `SubscriptionOutcome`, positions and offsets Kafka deleted before they were read included
+   (`lost_in`). A retry round delivers its parked messages on the driver instead (`retries`);
 4. (the caller takes the outcomes into its states)
 5. `record`: the round's rows handed to the table writer, positions last; then its parked messages to the
    retry driver, and the round to its listeners (Prometheus, dead letters).
@@ -120,16 +120,36 @@ def deliver(context: EngineContext, topic: Topic, subscriptions: list[Subscripti
     did for each. The rows are projected for `subscriptions`, the list the members' indices point into (a row's
     `targets` are such indices): the topic's ACTIVE subscriptions, some of which may not take part.
     `known_lost`: offsets of the ranges found deleted before the read."""
-    for member in members:  # a row must never reach another subscription's lane
+    plan = round_plan(context, topic, subscriptions, members, tasks=max(1, min(input_partitions(ranges), max_tasks)),
+                      shared=shared)
+    reports = run_alone(context, topic, subscriptions, plan, raw, ranges)
+    return delivered(context, topic.kafka_topic, members, ranges, reports, known_lost)
+
+
+def round_plan(context: EngineContext, topic: Topic, subscriptions: list[Subscription], members: list[Participant],
+               tasks: int, shared: bool) -> TaskPlan:
+    """The `TaskPlan` of a round of `members`, whose indices point into `subscriptions` (checked: a row must never
+    reach another subscription's lane), delivered by `tasks` tasks."""
+    for member in members:
         if not (0 <= member.index < len(subscriptions)) or subscriptions[member.index] is not member.state.subscription:
             raise RuntimeError(f"round of {topic.kafka_topic}: participant {member.state.id} has index {member.index}, "
                                f"which is not its place in the projected subscriptions")
-    rows = project(raw, context.config, topic, subscriptions)
-    partitions = input_partitions(ranges)
-    plan = task_plan(context, topic.kafka_topic, {member.index: member.plan for member in members},
-                     tasks=max(1, min(partitions, max_tasks)), shared=shared)
-    reports = run_round(rows, plan, partitions)
-    return outcomes(members, ranges, reports, lost_in(context, topic.kafka_topic, ranges, reports, known_lost))
+    return task_plan(context, topic.kafka_topic, {member.index: member.plan for member in members}, tasks=tasks,
+                     shared=shared)
+
+
+def run_alone(context: EngineContext, topic: Topic, subscriptions: list[Subscription], plan: TaskPlan, raw,
+              ranges: Ranges):
+    """A round's Spark job of its own: the rows `raw` projected for `subscriptions`, delivered with `plan`; the
+    tasks' reports."""
+    return run_round(project(raw, context.config, topic, subscriptions), plan, input_partitions(ranges))
+
+
+def delivered(context: EngineContext, kafka_topic: str, members: list[Participant], ranges: Ranges, reports,
+              known_lost: Lost = ()) -> list[SubscriptionOutcome]:
+    """What a round of `ranges` did for each member, from its tasks' reports (offsets Kafka deleted before they
+    were read included: `lost_in`)."""
+    return outcomes(members, ranges, reports, lost_in(context, kafka_topic, ranges, reports, known_lost))
 
 
 def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, known: Lost = ()) -> Lost:

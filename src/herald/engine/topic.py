@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from herald.config import Subscription
 from herald.config.model import Topic
@@ -26,6 +27,7 @@ from herald.engine import moves
 from herald.engine import round_steps as steps
 from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, stamp_ms
+from herald.delivery.plan import TaskPlan
 from herald.engine.fanout import Participant
 from herald.engine.positions import behind
 from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub
@@ -35,6 +37,21 @@ from herald.delivery.report import SUCCESS
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchRound:
+    """A topic's round of a micro-batch between `TopicPipeline.begin_batch` and `finish_batch`: the subscriptions
+    projected (`subscriptions`, which the participants' indices point into), those taking part, and the plan of
+    their tasks (None: nothing to send). started: monotonic seconds."""
+
+    batch_id: int
+    ranges: dict[int, tuple[int, int]]
+    writer: str
+    started: float
+    subscriptions: list[Subscription]
+    participants: list[Participant]
+    plan: TaskPlan | None = None
 
 
 class TopicPipeline:
@@ -184,11 +201,25 @@ class TopicPipeline:
 
     def deliver_batch(self, batch_df, batch_id: int, ranges: dict[int, tuple[int, int]], writer: str) -> None:
         """Deliver the topic's `ranges` (partition -> [start, end)) of the read's micro-batch `batch_id` (its rows:
-        `batch_df`) to the subscriptions at the read's position; its rows are written as `writer`'s."""
+        `batch_df`) to the subscriptions at the read's position, in a Spark job of its own; its rows are written
+        as `writer`'s. (The read delivers the rounds of several topics in one job: `begin_batch`, `finish_batch`.)"""
+        context = self.context
+        batch = self.begin_batch(batch_id, ranges, writer)
+        if batch is not None:
+            self.finish_batch(batch, lambda: steps.run_alone(context, self.topic, batch.subscriptions, batch.plan,
+                                                             batch_df, ranges))
+
+    def begin_batch(self, batch_id: int, ranges: dict[int, tuple[int, int]], writer: str,
+                    tasks: int | None = None) -> BatchRound | None:
+        """A round of the batch up to its Spark job: the subscriptions taking part are chosen (busy from now on)
+        and their `TaskPlan` made for `tasks` tasks (None: a task per partition of `ranges`, at most Spark's
+        parallelism) (`BatchRound.plan`; None when there is nothing to send).
+        None when the batch is not delivered (the job is stopping, or it was recorded before a restart). The
+        caller runs the job, then calls `finish_batch`, or `abandon_batch` when it delivers the batch again
+        another way."""
         if self.stopping:  # its rows stay behind every position: the next run (or catch-up) reads them again
             log.info("%s batch %d: not delivered, the job is stopping", self.kafka_topic, batch_id)
-            return
-        context = self.context
+            return None
         if self._replay_possible and self._recorded_before(batch_id, writer):
             # written whole before a crash or a stop that came before Spark's commit: its subscriptions are past
             # it (those that are not catch up); delivering it again would replace its rows with an empty round's
@@ -196,7 +227,7 @@ class TopicPipeline:
             with self.lock:
                 self._set_frontier(ranges)
             self._replay_possible = False
-            return
+            return None
         started = time.monotonic()
         with self.lock:
             ends = {partition: end for partition, (_, end) in ranges.items()}
@@ -207,24 +238,38 @@ class TopicPipeline:
             subscriptions = self.subscriptions
             participants = self._participants(subscriptions, ranges)  # marked busy: `apply` frees them
             self.batch_in_progress = True
+        batch = BatchRound(batch_id, ranges, writer, started, subscriptions, participants)
+        if participants and any(start < end for start, end in ranges.values()):
+            try:
+                if tasks is None:
+                    tasks = max(1, min(steps.input_partitions(ranges), self.context.parallelism))
+                batch.plan = steps.round_plan(self.context, self.topic, subscriptions, participants, tasks=tasks,
+                                              shared=True)
+            except BaseException:  # no round: they are free, behind the frontier (they catch up on the batch)
+                self._end_batch(batch, [])
+                raise
+        return batch
+
+    def finish_batch(self, batch: BatchRound, reports: Callable[[], list]) -> None:
+        """Take the outcome of `batch`'s Spark job into the states and record the round. `reports` returns the
+        job's task reports for the round (it is not called when the round sends nothing); when it raises, the
+        subscriptions taking part are behind the frontier and catch up on the batch, and this raises too."""
+        context, ranges, participants = self.context, batch.ranges, batch.participants
         results: list[SubscriptionOutcome] = []
         try:
-            if participants and any(start < end for start, end in ranges.values()):
-                results = steps.deliver(context, self.topic, subscriptions, participants, batch_df, ranges,
-                                        max_tasks=context.parallelism, shared=True)
-            else:
+            if batch.plan is not None:
+                results = steps.delivered(context, self.kafka_topic, participants, ranges, reports())
+            else:  # nothing to send: the participants pass the (empty) ranges
                 results = [SubscriptionOutcome(p.state.subscription, flow_state=p.state.flow,
                                                positions={q: max(p.state.positions.get(q, e), e)
                                                           for q, (_, e) in ranges.items()})
                            for p in participants]
         finally:
-            with self.lock:
-                stamp = self.apply(participants, results)
-                self._set_frontier(ranges)
-                self.batch_in_progress = False
-            steps.release_pins(context, participants, results)
-        steps.record(context, RoundResult(STREAM, writer, batch_id, self.kafka_topic, context.cluster, results),
-                     time.monotonic() - started, stamp, possible_replay=self._replay_possible, park=self.retries.park)
+            stamp = self._end_batch(batch, results)
+        steps.record(context, RoundResult(STREAM, batch.writer, batch.batch_id, self.kafka_topic, context.cluster,
+                                          results),
+                     time.monotonic() - batch.started, stamp, possible_replay=self._replay_possible,
+                     park=self.retries.park)
         self._replay_possible = False
         self.healthy = True
         self.round_succeeded()
@@ -233,8 +278,28 @@ class TopicPipeline:
             self.catchup.wake()
         counted = sum(r.counters.delivered for r in results), sum(r.counters.discarded for r in results)
         log.info("%s batch %d: %d subscription(s), delivered %d, discarded %d, %d behind, in %.1f s",
-                 self.kafka_topic, batch_id, len(participants), *counted,
-                 sum(1 for s in self.states.values() if s.catching_up), time.monotonic() - started)
+                 self.kafka_topic, batch.batch_id, len(participants), *counted,
+                 sum(1 for s in self.states.values() if s.catching_up), time.monotonic() - batch.started)
+
+    def _end_batch(self, batch: BatchRound, results: list[SubscriptionOutcome]) -> int:
+        """The round's outcomes (none when it failed) taken into the states, the frontier at the batch's end, the
+        pins given back; the stamp of its rows (`apply`)."""
+        with self.lock:
+            stamp = self.apply(batch.participants, results)
+            self._set_frontier(batch.ranges)
+            self.batch_in_progress = False
+        steps.release_pins(self.context, batch.participants, results)
+        return stamp
+
+    def abandon_batch(self, batch: BatchRound) -> None:
+        """`batch`'s Spark job failed, and the batch is delivered again (`deliver_batch`): its subscriptions are
+        free at the positions they had (the frontier does not move), their pins given back and the moves asked
+        meanwhile applied. Nothing of the failed job is recorded."""
+        with self.lock:
+            self.apply(batch.participants, [])
+            self.batch_in_progress = False
+        steps.release_pins(self.context, batch.participants, ())
+        self.flush_moves()
 
     def _set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
         """(lock held) The query is now at the end of `ranges`; the subscriptions behind it catch up."""
