@@ -81,3 +81,17 @@ def test_a_round_planned_for_several_tasks_is_refused():
     plan = TaskPlan(topic="t0", lanes={0: lane_plan("http://127.0.0.1:9/x")}, budget_s=1, tasks=2)
     with pytest.raises(ValueError, match="one task, whole: t0"):
         rounds_task([plan])
+
+
+def test_a_round_reported_by_two_tasks_is_refused_so_the_shared_job_counts_as_failed():
+    """A round's plan is for one task, and its positions move on what that task read: should a round's rows
+    ever be split over two tasks, the job's reports are refused (each topic then delivers in a job of its own)."""
+    with ScriptedSubscriber() as sub:
+        plans = [TaskPlan(topic="t0", lanes={0: lane_plan(f"{sub.url}/t0", subscription_id="t0.s")}, budget_s=30,
+                          tasks=1, transport="requests")]
+        task = rounds_task(plans)
+        out = list(task(iter([rows([(0, 0, 0, [0])])]))) + list(task(iter([rows([(0, 0, 1, [0])])])))
+    ((alone,),) = reports_by_round(pa.Table.from_batches(out[:1]), 1)
+    assert alone.progress == {0: 1}
+    with pytest.raises(RuntimeError, match="delivered by 2 tasks"):
+        reports_by_round(pa.Table.from_batches(out), 1)

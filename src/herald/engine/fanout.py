@@ -44,11 +44,17 @@ def run_round(rows, plan: TaskPlan, input_partitions: int) -> list[TaskReport]:
 
 def reports_by_round(table: pa.Table, rounds: int) -> list[list[TaskReport]]:
     """The collected rows of a job shared by `rounds` rounds (`task.rounds_task`): each round's task reports,
-    in the order of the rounds (a round no task reported on gets none)."""
+    in the order of the rounds (a round no task reported on gets none). Raises when a round was delivered by
+    more than one task: the job partitions the rows by round, and a round's plan is for one task."""
     places = table.column(ROUND)
     table = table.drop_columns([ROUND])
-    return [TaskReport.from_table(table.filter(pc.equal(places, pa.scalar(place, places.type))))
-            for place in range(rounds)]
+    found = []
+    for place in range(rounds):
+        reports = TaskReport.from_table(table.filter(pc.equal(places, pa.scalar(place, places.type))))
+        if len(reports) > 1:  # its positions would move on one task's reading of a partition (`advance`)
+            raise RuntimeError(f"round {place} of the shared job was delivered by {len(reports)} tasks, not one")
+        found.append(reports)
+    return found
 
 
 def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int, int]],

@@ -48,7 +48,7 @@ from herald.source.stream import open_kafka_stream
 log = logging.getLogger(__name__)
 
 MAX_TOPIC_ROUNDS = 8  # topics' rounds of one micro-batch planned, run alone or recorded at the same time
-SHARED_JOB_MAX_OFFSETS = 50_000
+SHARED_JOB_MAX_OFFSETS = 20_000
 """Most offsets of a micro-batch in its shared delivery job, all its topics together: the JSON topics' rounds join
 it smallest first while they fit; the others run in jobs of their own. A task of the shared job reads its input
 whole before it delivers (each round's rows to its own sender), so this bounds its memory; a round in it is
@@ -230,12 +230,14 @@ class SharedRead:
                 alone.append((pipeline, ranges))
         if len(together) < 2:
             together, alone = [], list(rounds)
-        workers = min(len(rounds), MAX_TOPIC_ROUNDS)
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="herald-topic") as pool:
+        with concurrent.futures.ThreadPoolExecutor(min(max(len(alone), 1), MAX_TOPIC_ROUNDS),
+                                                   thread_name_prefix="herald-topic") as pool:
             running = [pool.submit(self._deliver, pipeline, batch_df, batch_id, ranges, True)
                        for pipeline, ranges in alone]
             if together:
-                self._deliver_together(together, batch_df, batch_id, pool)
+                with concurrent.futures.ThreadPoolExecutor(min(len(together), MAX_TOPIC_ROUNDS),
+                                                           thread_name_prefix="herald-shared") as shared_pool:
+                    self._deliver_together(together, batch_df, batch_id, shared_pool)
             for future in running:
                 future.result()
 
@@ -256,11 +258,20 @@ class SharedRead:
                 return None
 
         started = time.monotonic()
-        begun = [(pipeline, ranges, batch) for (pipeline, ranges), batch in zip(rounds, pool.map(begin, rounds))
-                 if batch is not None]
+        begun, begin_error = [], None
+        for (pipeline, ranges), future in [(item, pool.submit(begin, item)) for item in rounds]:
+            try:  # every begun round is collected, so that each ends in finish_batch or abandon_batch
+                batch = future.result()
+            except BaseException as error:  # noqa: BLE001 - `begin` lets only these through: raised below
+                begin_error = begin_error or error
+                continue
+            if batch is not None:
+                begun.append((pipeline, ranges, batch))
         sending = [(pipeline, batch) for pipeline, _, batch in begun if batch.plan is not None]
         reports: dict[int, list] = {}
         try:
+            if begin_error is not None:
+                raise begin_error
             if sending:
                 rows = project_topics(batch_df, self.context.config,
                                       [(pipeline.topic, batch.subscriptions) for pipeline, batch in sending])
@@ -270,16 +281,16 @@ class SharedRead:
                 by_round = reports_by_round(table, len(sending))
                 reports = {id(batch): found for (_, batch), found in zip(sending, by_round)}
         except BaseException as error:
-            for pipeline, _, batch in begun:
-                pipeline.abandon_batch(batch)
-            if not isinstance(error, Exception):
+            self._abandon(begun)
+            if not isinstance(error, Exception) or error is begin_error:
                 raise
-            log.warning("micro-batch %d: the delivery job of %d topics failed (%s); each delivers the batch in a job "
-                        "of its own", batch_id, len(sending), short_error(error))
+            log.warning("micro-batch %d: the delivery job of %d topics failed; each delivers the batch in a job of "
+                        "its own", batch_id, len(sending), exc_info=error)
             list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], True), begun))
             return
-        log.info("micro-batch %d: %d topics delivered in one job in %.1f s", batch_id, len(sending),
-                 time.monotonic() - started)
+        if sending:
+            log.info("micro-batch %d: %d topics delivered in one job in %.1f s", batch_id, len(sending),
+                     time.monotonic() - started)
 
         def finish(item):
             pipeline, ranges, batch = item
@@ -289,6 +300,16 @@ class SharedRead:
                 self._round_failed(pipeline, batch_id, ranges, error)
 
         list(pool.map(finish, begun))
+
+    @staticmethod
+    def _abandon(begun) -> None:
+        """`abandon_batch` for every begun round, each on its own: one that fails is logged, the others go on."""
+        for pipeline, _, batch in begun:
+            try:
+                pipeline.abandon_batch(batch)
+            except Exception:  # noqa: BLE001 - the others must still be freed
+                log.exception("%s micro-batch %d: its round could not be abandoned", pipeline.kafka_topic,
+                              batch.batch_id)
 
     @staticmethod
     def _round_failed(pipeline, batch_id: int, ranges, error: BaseException) -> None:

@@ -29,8 +29,9 @@ ROUND = "round"
 """The column naming a row's (and a report row's) round in a job shared by several topics."""
 ROUNDS_REPORT_DDL = f"{REPORT_DDL}, {ROUND} int"
 """What `rounds_task` yields: the report rows of `delivery_task`, each with its round."""
-MAX_SENDERS = 8
-"""Rounds a task of a shared job delivers at the same time (a thread each)."""
+MAX_SENDERS = 64
+"""Rounds a task of a shared job delivers at the same time (a thread each; they wait on their subscribers, so
+a slow one holds its own sender only)."""
 
 
 def delivery_task(plan: TaskPlan):

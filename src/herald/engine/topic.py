@@ -296,8 +296,10 @@ class TopicPipeline:
         free at the positions they had (the frontier does not move), their pins given back and the moves asked
         meanwhile applied. Nothing of the failed job is recorded."""
         with self.lock:
-            self.apply(batch.participants, [])
-            self.batch_in_progress = False
+            try:
+                self.apply(batch.participants, [])
+            finally:
+                self.batch_in_progress = False
         steps.release_pins(self.context, batch.participants, ())
         self.flush_moves()
 
