@@ -281,12 +281,12 @@ class SharedRead:
                 by_round = reports_by_round(table, len(sending))
                 reports = {id(batch): found for (_, batch), found in zip(sending, by_round)}
         except BaseException as error:
-            self._abandon(begun)
+            abandoned = self._abandon(begun, batch_id)
             if not isinstance(error, Exception) or error is begin_error:
                 raise
             log.warning("micro-batch %d: the delivery job of %d topics failed; each delivers the batch in a job of "
                         "its own", batch_id, len(sending), exc_info=error)
-            list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], True), begun))
+            list(pool.map(lambda item: self._deliver(item[0], batch_df, batch_id, item[1], True), abandoned))
             return
         if sending:
             log.info("micro-batch %d: %d topics delivered in one job in %.1f s", batch_id, len(sending),
@@ -301,15 +301,21 @@ class SharedRead:
 
         list(pool.map(finish, begun))
 
-    @staticmethod
-    def _abandon(begun) -> None:
-        """`abandon_batch` for every begun round, each on its own: one that fails is logged, the others go on."""
-        for pipeline, _, batch in begun:
+    def _abandon(self, begun, batch_id: int) -> list:
+        """`abandon_batch` for every begun round, each on its own; the rounds abandoned (pipeline, ranges, batch).
+        A round that could not be abandoned fails (its subscriptions catch up) and is not delivered again here;
+        the first BaseException is raised once every round has been tried."""
+        abandoned, interrupted = [], None
+        for pipeline, ranges, batch in begun:
             try:
                 pipeline.abandon_batch(batch)
-            except Exception:  # noqa: BLE001 - the others must still be freed
-                log.exception("%s micro-batch %d: its round could not be abandoned", pipeline.kafka_topic,
-                              batch.batch_id)
+                abandoned.append((pipeline, ranges, batch))
+            except BaseException as error:  # noqa: BLE001 - the others must still be freed
+                interrupted = interrupted or (None if isinstance(error, Exception) else error)
+                self._round_failed(pipeline, batch_id, ranges, error)
+        if interrupted is not None:
+            raise interrupted
+        return abandoned
 
     @staticmethod
     def _round_failed(pipeline, batch_id: int, ranges, error: BaseException) -> None:

@@ -284,23 +284,29 @@ class TopicPipeline:
     def _end_batch(self, batch: BatchRound, results: list[SubscriptionOutcome]) -> int:
         """The round's outcomes (none when it failed) taken into the states, the frontier at the batch's end, the
         pins given back; the stamp of its rows (`apply`)."""
-        with self.lock:
-            stamp = self.apply(batch.participants, results)
-            self._set_frontier(batch.ranges)
-            self.batch_in_progress = False
-        steps.release_pins(self.context, batch.participants, results)
+        try:
+            with self.lock:
+                try:
+                    stamp = self.apply(batch.participants, results)
+                finally:
+                    self._set_frontier(batch.ranges)
+                    self.batch_in_progress = False
+        finally:
+            steps.release_pins(self.context, batch.participants, results)
         return stamp
 
     def abandon_batch(self, batch: BatchRound) -> None:
         """`batch`'s Spark job failed, and the batch is delivered again (`deliver_batch`): its subscriptions are
         free at the positions they had (the frontier does not move), their pins given back and the moves asked
         meanwhile applied. Nothing of the failed job is recorded."""
-        with self.lock:
-            try:
-                self.apply(batch.participants, [])
-            finally:
-                self.batch_in_progress = False
-        steps.release_pins(self.context, batch.participants, ())
+        try:
+            with self.lock:
+                try:
+                    self.apply(batch.participants, [])
+                finally:
+                    self.batch_in_progress = False
+        finally:
+            steps.release_pins(self.context, batch.participants, ())
         self.flush_moves()
 
     def _set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
