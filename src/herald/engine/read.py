@@ -34,8 +34,8 @@ import time
 
 from pyspark.sql import functions as F
 
-from herald.engine import checkpoint as checkpoints
 from herald.config.model import ContentType
+from herald.engine import checkpoint as checkpoints
 from herald.engine.context import EngineContext
 from herald.engine.fanout import reports_by_round
 from herald.engine.projection import project_topics

@@ -25,10 +25,10 @@ from herald.config.model import Topic
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.engine.context import EngineContext
 from herald.engine.fanout import Participant, outcomes, run_round
-from herald.engine.planner import lane_plan
 from herald.engine.pinning import Pin
-from herald.engine.priority import HELD
+from herald.engine.planner import lane_plan
 from herald.engine.positions import Lost, lost_ranges, unread_ranges
+from herald.engine.priority import HELD
 from herald.engine.projection import project
 from herald.engine.rounds import RoundResult, SubscriptionOutcome, table_rows
 from herald.engine.state import SubscriptionState

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 
 from herald.config import Subscription
 from herald.config.model import Topic
+from herald.delivery.plan import TaskPlan
+from herald.delivery.report import SUCCESS
 from herald.engine import moves
 from herald.engine import round_steps as steps
 from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, stamp_ms
-from herald.delivery.plan import TaskPlan
 from herald.engine.fanout import Participant
 from herald.engine.positions import behind
 from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub
 from herald.engine.state import SubscriptionState
 from herald.storage import Slice
-from herald.delivery.report import SUCCESS
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 
 log = logging.getLogger(__name__)
