@@ -55,6 +55,24 @@ whole before it delivers (each round's rows to its own sender), so this bounds i
 delivered by one task (a larger one runs in a job of its own, over several tasks)."""
 
 
+def shared_job_rounds(rounds: list, max_offsets: int) -> tuple[list, list]:
+    """(together, alone): which of a batch's topic rounds (pipeline, ranges) share its delivery job, and which run
+    in jobs of their own. JSON topics join smallest first while their offsets add up to at most `max_offsets`;
+    AVRO topics (decoded with their own schemas) and what does not fit run alone; a job for one round is no
+    shared job."""
+    together, alone, offsets = [], [], 0
+    for pipeline, ranges in sorted(rounds, key=lambda item: sum(end - start for start, end in item[1].values())):
+        size = sum(end - start for start, end in ranges.values())
+        if pipeline.topic.contentType is not ContentType.AVRO and offsets + size <= max_offsets:
+            together.append((pipeline, ranges))
+            offsets += size
+        else:
+            alone.append((pipeline, ranges))
+    if len(together) < 2:
+        return [], list(rounds)
+    return together, alone
+
+
 def read_root(storage_path: str) -> str:
     return f"{storage_path.rstrip('/')}/checkpoints/read"
 
@@ -220,16 +238,7 @@ class SharedRead:
     def _deliver_many(self, rounds, batch_df, batch_id: int) -> None:
         """Several topics' rounds of the batch: the small rounds of JSON topics together in one Spark job
         (`_deliver_together`), the others each in a job of its own, at the same time."""
-        together, alone, offsets = [], [], 0
-        for pipeline, ranges in sorted(rounds, key=lambda item: sum(e - s for s, e in item[1].values())):
-            size = sum(end - start for start, end in ranges.values())
-            if pipeline.topic.contentType is not ContentType.AVRO and offsets + size <= SHARED_JOB_MAX_OFFSETS:
-                together.append((pipeline, ranges))
-                offsets += size
-            else:
-                alone.append((pipeline, ranges))
-        if len(together) < 2:
-            together, alone = [], list(rounds)
+        together, alone = shared_job_rounds(rounds, SHARED_JOB_MAX_OFFSETS)
         with concurrent.futures.ThreadPoolExecutor(min(max(len(alone), 1), MAX_TOPIC_ROUNDS),
                                                    thread_name_prefix="herald-topic") as pool:
             running = [pool.submit(self._deliver, pipeline, batch_df, batch_id, ranges, True)
