@@ -10,10 +10,10 @@ import time
 
 import pyarrow as pa
 
-from herald.engine.rounds import position_rows
-from herald.storage.tables import RETRIES_SCHEMA
 from herald.engine.exporter import PrometheusExporter
+from herald.engine.rounds import position_rows
 from herald.storage.store import Slice, Slices, TableStore
+from herald.storage.tables import RETRIES_SCHEMA
 from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter
 from tests.support.prometheus import samples
 
@@ -307,3 +307,24 @@ def test_rounds_that_do_not_write_together_are_split_in_halves_not_written_one_b
     assert writer.close()
     assert sorted(n for table, n in _flat(store.written) if table == "offsets") == list(range(8))
     assert len(store.written) <= 10, store.written
+
+
+def test_a_round_handed_over_after_the_writer_closed_makes_the_run_exit_1(tmp_path, capsys):
+    """A part that outlived its stop deadline hands a round to the closed writer: the writer refuses it (its
+    messages are delivered again by the next run) and the run must not exit 0 as though every round were written."""
+    from types import SimpleNamespace
+
+    from herald.config import load_config
+    from herald.engine.runner import Runner
+    from tests.support.herald_env import write_conf
+
+    store = FlakyStore()
+    writer = TableWriter(store)
+    runner = Runner(load_config(write_conf(tmp_path, "127.0.0.1:9", "g.t", {"s": {"endpoint": "http://x/"}})))
+    runner.context = SimpleNamespace(writer=writer)
+    assert writer.close(1.0), "nothing was handed over yet: close wrote everything"
+    assert runner._exit_code(failures=0) == 0
+    assert not writer.submit(*_round(7)), "a closed writer takes no round"
+    assert store.written == []
+    assert runner._exit_code(failures=0) == 1
+    assert "the tables are behind" in capsys.readouterr().out

@@ -237,11 +237,17 @@ class Runner:
             self._report_parked()
         if self._stopped_for is not None:
             return 1
-        failures = self._report_failures()
-        if self._tables_behind:  # storage did not take every round before the job stopped (the writer logged it)
+        return self._exit_code(self._report_failures())
+
+    def _exit_code(self, failures: int) -> int:
+        """After a run that was not stopped for a reason: 1 when `failures` topics did not run to the end, or when
+        some round was not written to the tables (storage did not take it before the writer closed, or it was
+        handed over after: a part that outlived its stop deadline; the writer logged it), else 0."""
+        unwritten = self._tables_behind or (self.context is not None and self.context.writer.abandoned > 0)
+        if unwritten:
             print("the tables are behind: some rounds were not written before the job stopped; the next run "
                   "delivers their messages again")
-        return 1 if failures or self._tables_behind else 0
+        return 1 if failures or unwritten else 0
 
     def stop(self) -> None:
         """Ask a running `run()` to stop (as the first Ctrl-C does)."""
