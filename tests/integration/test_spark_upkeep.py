@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from herald.engine.rounds import position_rows
 from herald.storage.properties import table_properties
-from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore
+from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore, log_files
 from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
 from tests.support.herald_env import require_jars
 
@@ -79,6 +79,20 @@ def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(sp
     assert configuration["delta.deletedFileRetentionDuration"] == "interval 168 hours"
     assert configuration["delta.checkpointInterval"] == "500"
 
+
+
+@pytest.mark.parametrize("written", ["file://{root}", "file:{root}"])
+def test_a_storage_path_written_as_a_file_uri_gets_its_delta_spark_tables(spark, tmp_path, written):
+    """`storage.path: file:///data/herald` (a URI, as on a cluster): delta-spark's CREATE TABLE refused it, the
+    location being written otherwise than Hadoop qualifies it (DELTA_AMBIGUOUS_PATHS_IN_CREATE_TABLE), so the job
+    could not take its lease. The table is created, written and read back, and maintenance's count of its log
+    files finds them."""
+    require_jars(spark, DELTA_SPARK_CLASS)
+    store = SparkDeltaStore(spark, written.format(root=tmp_path / "remote"))
+    _round(store, 1)
+    assert sorted(row["offset"] for row in store.read(OFFSETS).to_pylist()) == [1, 1]
+    assert log_files(store.path(OFFSETS)) >= 2, "the URI's local _delta_log was counted"
+    assert DeltaTable(str(tmp_path / "remote" / "tables" / OFFSETS)).version() >= 1
 
 
 def test_the_checksum_setting_a_session_made_before_the_store_is_kept(spark, tmp_path):

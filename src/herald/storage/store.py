@@ -132,13 +132,24 @@ class TableUpkeep:
     log_files_after: int | None = None
 
 
+def _local_path(path: str) -> str | None:
+    """The local file system path of `path` (a plain path, `file:///data/t` or Hadoop's `file:/data/t`); None for
+    any other scheme (`s3://`, `dbfs:/`, ...)."""
+    local = path
+    for scheme in ("file://", "file:"):
+        if path.startswith(scheme):
+            local = path[len(scheme):]
+            break
+    return None if "://" in local or local.startswith("dbfs:") else local
+
+
 def log_files(path: str) -> int | None:
     """The number of files in a local table's `_delta_log` (None for a remote one: listing it costs requests),
     without Hadoop's hidden `.name.crc` side files."""
     import os
 
-    local = path[len("file://"):] if path.startswith("file://") else path
-    if "://" in local or local.startswith("dbfs:"):
+    local = _local_path(path)
+    if local is None:
         return None
     try:
         return sum(1 for entry in os.scandir(os.path.join(local, "_delta_log"))
@@ -151,8 +162,8 @@ def data_files(path: str) -> int | None:
     """The number of a local table's data files (None for a remote one), outside `_delta_log`."""
     import os
 
-    local = path[len("file://"):] if path.startswith("file://") else path
-    if "://" in local or local.startswith("dbfs:"):
+    local = _local_path(path)
+    if local is None:
         return None
     found = 0
     for _, folders, files in os.walk(local):
@@ -301,7 +312,7 @@ class SparkDeltaStore(TableStore):
             if path in self._ready:
                 return
             if not DeltaTable.isDeltaTable(self.spark, path):
-                builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
+                builder = DeltaTable.createIfNotExists(self.spark).location(self._qualified(path)).addColumns(
                     self.spark.createDataFrame(SCHEMAS[table].empty_table()).schema)
                 for key, value in table_properties(table, self.retention_hours).items():
                     builder = builder.property(key, value)
@@ -314,6 +325,18 @@ class SparkDeltaStore(TableStore):
                     settings = ", ".join(f"'{key}' = '{_sql_text(value)}'" for key, value in properties.items())
                     self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
             self._ready.add(path)
+
+    def _qualified(self, path: str) -> str:
+        """`path` as Hadoop qualifies it (`file:///data/t` is `file:/data/t`). delta-spark's CREATE TABLE compares
+        the location it is given with the qualified path of the table it creates, and refuses a URI written
+        otherwise (DELTA_AMBIGUOUS_PATHS_IN_CREATE_TABLE). Without the JVM (Spark Connect): `path` as given."""
+        try:
+            jvm = self.spark._jvm
+            hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+            file_system = hadoop_path.getFileSystem(self.spark._jsc.hadoopConfiguration())
+            return str(file_system.makeQualified(hadoop_path).toString())
+        except Exception:  # noqa: BLE001 - no JVM here: the location as configured
+            return path
 
     def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
         """One attempt: a commit that loses a race with another writer of the table raises (Delta's
