@@ -11,10 +11,10 @@ import pytest
 
 from herald import readout
 from herald.config import load_config
-from herald.engine.runner import Runner
 from herald.engine.discovering import recorded_endpoints
+from herald.engine.runner import Runner
 from herald.storage import open_store
-from tests.support.herald_env import SUITE_ENGINE, produce, wait_until, write_conf
+from tests.support.herald_env import produce, wait_until, write_conf
 from tests.support.lookup import Lookup
 from tests.support.running import RunningHerald
 from tests.support.subscriber import ScriptedSubscriber
@@ -85,7 +85,7 @@ def test_the_set_follows_the_lookups_while_running_and_an_empty_set_makes_messag
     subscription = config.subscription(sid)
     assert readout.undelivered(config, subscription, limit=5) == [], "nothing discarded, nothing lost"
     assert readout.metrics(config, subscription)["delivered"] == 60
-    recorded = recorded_endpoints(open_store(SUITE_ENGINE, config.storage_path), sid)
+    recorded = recorded_endpoints(open_store("deltalake", config.storage_path), sid)
     assert [item["endpoint"] for item in recorded["endpoints"]] == [one.url + "/orders"]
     assert recorded["endpoints"][0]["lookups"] == [lookup.url]
 
@@ -140,7 +140,7 @@ def test_a_pinned_subscription_over_a_discovered_set_moves_its_pin_when_the_endp
     assert sorted(r.json()["i"] for r in by_url[second].requests) == list(range(5, 10))
     assert len({r.headers["Herald-Pin-Id"] for r in requests}) == 2
     config = load_config(conf)
-    rows = sorted(open_store(SUITE_ENGINE, config.storage_path).read("advisories").to_pylist(),
+    rows = sorted(open_store("deltalake", config.storage_path).read("advisories").to_pylist(),
                   key=lambda row: row["timestamp"])
     assert [(row["type"], row["reason"], row["endpoint"]) for row in rows] == [
         ("pinned", "start", first), ("unpinned", "endpoint removed", first), ("pinned", "endpoint removed", second)]

@@ -14,7 +14,7 @@ from herald.config import load_config
 from herald.engine.runner import Runner
 from herald.storage import open_store
 from tests.integration.test_deadletter_e2e import read_back
-from tests.support.herald_env import SUITE_ENGINE, produce, write_conf
+from tests.support.herald_env import produce, write_conf
 from tests.support.subscriber import Received, Reply, ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 def _advisories(conf) -> list[dict]:
     config = load_config(conf)
-    store = open_store(SUITE_ENGINE, config.storage_path)
+    store = open_store("deltalake", config.storage_path)
     return sorted(store.read("advisories").to_pylist(), key=lambda row: row["timestamp"])
 
 
@@ -111,13 +111,15 @@ def test_the_pin_survives_kill_9_and_herald_unpin_moves_it_while_running(broker,
             job.wait()
         first_pin = {r.headers["Herald-Pin-Id"] for r in primary.requests}
         assert len(first_pin) == 1
-        with RunningHerald(conf, spark):  # the restarted job
+        with RunningHerald(conf, spark) as running:  # the restarted job
             assert wait_until(lambda: {r.json()["i"] for r in primary.requests} >= set(range(30)), timeout_s=180), \
                 "the restarted job delivers the rest to the same pin"
             assert {r.headers["Herald-Pin-Id"] for r in primary.requests} == first_pin, "same pin id after kill -9"
             capsys.readouterr()
             assert main(["unpin", "--conf", str(conf), subscription_id, "--json"]) == 0
             assert json.loads(capsys.readouterr().out)["pinId"] in first_pin
+            assert wait_until(lambda: running.runner.context.priority.pin_ids().get(subscription_id)
+                              not in first_pin, timeout_s=60), "the running job took the unpin (at its next poll)"
             produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(30, 50)])
             assert wait_until(lambda: {r.json()["i"] for r in primary.requests + standby.requests}
                               >= set(range(50)), timeout_s=180), "delivered after the unpin"

@@ -131,8 +131,9 @@ def test_a_job_stopped_while_storage_refuses_its_rounds_exits_1(broker, spark, t
     broker.create_topics({topic_name: 2})
     produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10)])
     with ScriptedSubscriber() as subscriber:
-        config = load_config(write_conf(tmp_path, broker.bootstrap_servers, topic_name,
-                                        {"a": {"endpoint": f"{subscriber.url}/a"}}))
+        config = load_config(write_conf(tmp_path, broker.bootstrap_servers, topic_name,  # the store made to fail
+                                        {"a": {"endpoint": f"{subscriber.url}/a"}},
+                                        settings={"storage": {"engine": "deltalake"}}))
         runner = Runner(config, spark=spark)
         codes: list[int] = []
         job = threading.Thread(target=lambda: codes.append(runner.run(once=True, grace_s=1.0)))
