@@ -328,3 +328,35 @@ def test_a_round_handed_over_after_the_writer_closed_makes_the_run_exit_1(tmp_pa
     assert store.written == []
     assert runner._exit_code(failures=0) == 1
     assert "the tables are behind" in capsys.readouterr().out
+
+
+def test_a_micro_batch_still_delivering_when_the_writer_closes_makes_the_run_exit_1(tmp_path):
+    """The read's micro-batch outlived the stop's grace period: it still delivers, and the round it hands over
+    later is refused by the closed writer, maybe after the exit code was decided. Stopping says so at once."""
+    import threading
+    from types import SimpleNamespace
+
+    from herald.config import load_config
+    from herald.engine.runner import Runner
+    from tests.support.herald_env import write_conf
+
+    class StillDelivering:
+        lock = threading.RLock()
+        pipelines: dict = {}
+
+        def __init__(self, delivering: bool) -> None:
+            self.still = delivering
+
+        def stop_read(self, grace_s: float) -> None:
+            pass
+
+        def delivering(self) -> bool:
+            return self.still
+
+    stopped = SimpleNamespace(stop=lambda: None)
+    for delivering, code in ((False, 0), (True, 1)):
+        runner = Runner(load_config(write_conf(tmp_path, "127.0.0.1:9", "g.t", {"s": {"endpoint": "http://x/"}})))
+        runner.context = SimpleNamespace(writer=TableWriter(FlakyStore()), priority=stopped, discovery=stopped)
+        runner.topics, runner.retries = StillDelivering(delivering), stopped
+        runner.shutdown(grace_s=0.0)
+        assert runner._exit_code(failures=0) == code

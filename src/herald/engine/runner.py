@@ -329,7 +329,8 @@ class Runner:
             # a job that lost the lease (its rounds would undo the holder's) or could not record a round writes
             # nothing more
             written = self.context.writer.close(0.0 if self._stopped_for else max(5.0, deadline - time.monotonic()))
-            self._tables_behind = not written
+            # a micro-batch that outlived the grace period still delivers: the closed writer refuses its round
+            self._tables_behind = not written or (self.topics is not None and self.topics.delivering())
         if self.exporter is not None:
             self.exporter.stop()
         if self.dead_letters is not None:

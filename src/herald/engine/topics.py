@@ -21,8 +21,8 @@ import time
 
 from herald.config import HeraldConfig, Subscription
 from herald.config.model import Topic
-from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine import checkpoint as checkpoints
+from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.moves import applied_tables
 from herald.engine.read import SharedRead, read_root
 from herald.engine.rounds import moved_rows
@@ -289,6 +289,13 @@ class Topics:
             read = self.read
         if read is not None:
             self._stop_read(read, grace_s)
+
+    def delivering(self) -> bool:
+        """A micro-batch of the shared read is still being delivered (its round can no longer be recorded once
+        the table writer has closed)."""
+        with self.lock:
+            read = self.read
+        return read is not None and not read.wait_idle(0)
 
     def _stop_read(self, read: SharedRead, grace_s: float | None) -> None:
         """Deliver no new micro-batch (nor a topic's round not started yet), wait for the rounds in progress (as
