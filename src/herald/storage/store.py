@@ -134,13 +134,15 @@ class TableUpkeep:
 
 def _local_path(path: str) -> str | None:
     """The local file system path of `path` (a plain path, `file:///data/t` or Hadoop's `file:/data/t`); None for
-    any other scheme (`s3://`, `dbfs:/`, ...)."""
-    local = path
-    for scheme in ("file://", "file:"):
-        if path.startswith(scheme):
-            local = path[len(scheme):]
-            break
-    return None if "://" in local or local.startswith("dbfs:") else local
+    any other scheme or host (`s3a://`, `dbfs:/`, `file://host/`, ...)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(path)
+    if not parsed.scheme:
+        return path
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return unquote(parsed.path)
+    return None
 
 
 def log_files(path: str) -> int | None:
@@ -327,16 +329,16 @@ class SparkDeltaStore(TableStore):
             self._ready.add(path)
 
     def _qualified(self, path: str) -> str:
-        """`path` as Hadoop qualifies it (`file:///data/t` is `file:/data/t`). delta-spark's CREATE TABLE compares
-        the location it is given with the qualified path of the table it creates, and refuses a URI written
-        otherwise (DELTA_AMBIGUOUS_PATHS_IN_CREATE_TABLE). Without the JVM (Spark Connect): `path` as given."""
-        try:
-            jvm = self.spark._jvm
-            hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-            file_system = hadoop_path.getFileSystem(self.spark._jsc.hadoopConfiguration())
-            return str(file_system.makeQualified(hadoop_path).toString())
-        except Exception:  # noqa: BLE001 - no JVM here: the location as configured
-            return path
+        """`path` as Hadoop qualifies it (`file:///data/t` is `file:/data/t`), with the session's Hadoop settings
+        as delta-spark uses them. delta-spark's CREATE TABLE compares the location it is given with the qualified
+        path of the table it creates, and refuses a URI written otherwise (DELTA_AMBIGUOUS_PATHS_IN_CREATE_TABLE).
+        Without the JVM (Spark Connect): `file:///` written as `file:/`."""
+        jvm = getattr(self.spark, "_jvm", None)
+        if jvm is None:
+            return "file:/" + path[len("file:///"):] if path.startswith("file:///") else path
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+        file_system = hadoop_path.getFileSystem(self.spark._jsparkSession.sessionState().newHadoopConf())
+        return str(file_system.makeQualified(hadoop_path).toString())
 
     def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
         """One attempt: a commit that loses a race with another writer of the table raises (Delta's
