@@ -9,6 +9,7 @@ import pytest
 from herald.config import load_config
 from tests.support.config_files import SETTINGS, SUBSCRIPTION, TOPIC, problems_of, write_conf
 
+
 def test_minimal_conf_gets_hermes_defaults(tmp_path):
     config = load_config(write_conf(tmp_path))
     subscription = config.subscription("shop.orders.billing")
@@ -233,3 +234,16 @@ def test_avro_topic_with_schema_file_loads(tmp_path):
     config = load_config(conf)
     source = config.avro_source(config.topics["shop.users"])
     assert source.schema_json.startswith('{"type": "record"') and source.registry_url is None
+
+
+@pytest.mark.parametrize(("written", "storage_path"), [
+    ("s3a://bucket/herald/", "s3a://bucket/herald"),
+    ("abfss://c@account.dfs.core.windows.net/herald", "abfss://c@account.dfs.core.windows.net/herald"),
+    ("dbfs:/herald", "dbfs:/herald"),
+    ("file:///data/herald", "file:///data/herald"),
+    ("file:/data/herald", "file:/data/herald"),  # Hadoop's form: not a path under the conf directory
+    ("/data/herald", "/data/herald"),
+])
+def test_a_storage_uri_is_taken_as_written_and_a_path_as_a_path(tmp_path, written, storage_path):
+    config = load_config(write_conf(tmp_path, SETTINGS.replace("path: ../state", f"path: {written}")))
+    assert config.storage_path == storage_path

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,8 @@ from herald.config.tls import check_tls, effective_tls
 SETTINGS_FILE = "herald.yaml"
 TOPICS_DIR = "topics"
 SUBSCRIPTIONS_DIR = "subscriptions"
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+"""A storage path that starts with a URI scheme (two letters or more: not a Windows drive) is a URI."""
 
 __all__ = ["ConfigError", "HeraldConfig", "LoadResult", "Problem", "conf_fingerprint", "filter_rules", "load_config",
            "load_config_lenient"]
@@ -56,9 +59,10 @@ class HeraldConfig:
 
     @property
     def storage_path(self) -> str:
-        """Where tables and checkpoints live: a URI as given, or a local path (relative to the conf directory)."""
+        """Where tables and checkpoints live: a URI as given (`s3a://b/x`, `dbfs:/x`, `file:///x`, Hadoop's
+        `file:/x`), or a local path (relative to the conf directory)."""
         raw = self.settings.storage.path
-        if "://" in raw or raw.startswith("dbfs:"):
+        if _URI_SCHEME.match(raw):
             return raw.rstrip("/")
         path = Path(raw)
         return str(path if path.is_absolute() else (self.conf_dir / path).resolve())
