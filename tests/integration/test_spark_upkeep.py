@@ -11,8 +11,9 @@ import pytest
 from deltalake import DeltaTable
 
 from herald.engine.rounds import position_rows
+from herald.storage.local_files import log_files
 from herald.storage.properties import table_properties
-from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore, log_files
+from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore
 from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
 from tests.support.herald_env import require_jars
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from herald.storage.store import _local_path, log_files
+from herald.storage.local_files import local_path, log_files
 
 
 @pytest.mark.parametrize(("path", "local"), [
@@ -20,7 +20,7 @@ from herald.storage.store import _local_path, log_files
     ("dbfs:/herald", None),
 ])
 def test_a_local_path_is_told_from_a_remote_one(path, local):
-    assert _local_path(path) == local
+    assert local_path(path) == local
 
 
 def test_the_log_files_of_a_table_are_counted_under_each_way_of_writing_its_path(tmp_path):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from herald.storage.local_files import data_files, log_files
 from herald.storage.properties import missing_properties, table_properties
 from herald.storage.tables import SCHEMAS
 
@@ -130,48 +131,6 @@ class TableUpkeep:
     files_after: int | None = None
     log_files_before: int | None = None
     log_files_after: int | None = None
-
-
-def _local_path(path: str) -> str | None:
-    """The local file system path of `path` (a plain path, `file:///data/t` or Hadoop's `file:/data/t`); None for
-    any other scheme or host (`s3a://`, `dbfs:/`, `file://host/`, ...)."""
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(path)
-    if not parsed.scheme:
-        return path
-    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
-        return unquote(parsed.path)
-    return None
-
-
-def log_files(path: str) -> int | None:
-    """The number of files in a local table's `_delta_log` (None for a remote one: listing it costs requests),
-    without Hadoop's hidden `.name.crc` side files."""
-    import os
-
-    local = _local_path(path)
-    if local is None:
-        return None
-    try:
-        return sum(1 for entry in os.scandir(os.path.join(local, "_delta_log"))
-                   if entry.is_file() and not entry.name.startswith("."))
-    except FileNotFoundError:
-        return 0
-
-
-def data_files(path: str) -> int | None:
-    """The number of a local table's data files (None for a remote one), outside `_delta_log`."""
-    import os
-
-    local = _local_path(path)
-    if local is None:
-        return None
-    found = 0
-    for _, folders, files in os.walk(local):
-        folders[:] = [name for name in folders if name != "_delta_log"]
-        found += sum(1 for name in files if name.endswith(".parquet") and not name.startswith("."))
-    return found
 
 
 def _conform(table: str, rows: pa.Table) -> pa.Table:
