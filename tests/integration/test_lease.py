@@ -10,6 +10,7 @@ import pytest
 
 from herald.storage import DeltaRsStore
 from herald.storage.lease import WRITE_ATTEMPTS, LeaseHeld, StorageLease
+from herald.storage.tables import LEASES
 from tests.support.herald_env import produce, wait_until, write_conf
 from tests.support.lease_race import race
 from tests.support.running import RunningHerald
@@ -70,6 +71,52 @@ def test_a_job_that_finds_another_holder_at_renewal_stops(tmp_path):
     early.renew()  # the early one keeps it
 
 
+def _holder_rows(store, lease: StorageLease) -> list[bool]:
+    """`released` of each of the holder's rows in the table, sorted."""
+    return sorted(row["released"] for row in store.read(LEASES).to_pylist() if row["holder"] == lease.holder)
+
+
+def test_a_new_holder_adds_its_rows_and_a_renewal_or_release_leaves_one(tmp_path):
+    """Taking the lease appends (a new holder's slice holds nothing of anyone else's); a renewal and the release
+    replace the holder's rows with one."""
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    lease = _lease(store)
+    lease.acquire()
+    assert _holder_rows(store, lease) == [False, True]  # the live row beside the released warm-up row
+    lease.renew()
+    assert _holder_rows(store, lease) == [False]
+    lease.release()
+    assert _holder_rows(store, lease) == [True]
+
+
+def test_a_row_whose_append_landed_but_raised_is_not_written_twice(tmp_path):
+    """An append can commit and still raise (a failure after the log entry landed): the retry replaces the
+    holder's rows instead of adding the row again."""
+    store = DeltaRsStore(str(tmp_path / "storage"))
+
+    class LandsThenRaises:
+        root = store.root
+        raised = 0
+
+        def read(self, table, subscription_id=None):
+            return store.read(table, subscription_id)
+
+        def replace(self, table, rows, part):
+            store.replace(table, rows, part)
+
+        def append(self, table, rows):
+            store.append(table, rows)
+            if not self.raised:
+                self.raised += 1
+                raise OSError("connection reset after the commit")
+
+    lease = _lease(LandsThenRaises())
+    lease.acquire()
+    assert _holder_rows(store, lease) == [False, True], "the released row is there twice"
+    assert [h.holder for h in lease.live_holders()] == [lease.holder]
+    lease.release()
+
+
 @pytest.mark.spark
 @pytest.mark.broker
 def test_a_second_herald_run_on_the_same_storage_exits_at_once_naming_the_first(broker, spark, topic_name, tmp_path):
@@ -116,9 +163,16 @@ class _FirstCommitSlow:
         self.root = store.root
 
     def replace(self, table, rows, part):
+        self._commit(rows)
+        self.store.replace(table, rows, part)
+
+    def append(self, table, rows):
+        self._commit(rows)
+        self.store.append(table, rows)
+
+    def _commit(self, rows) -> None:
         self.clock.now_s += 2.0 if self.rows else 20.0
         self.rows.append(rows.to_pylist()[0])
-        self.store.replace(table, rows, part)
 
     def read(self, table, subscription_id=None):
         return self.store.read(table, subscription_id)
@@ -154,6 +208,9 @@ def test_a_job_whose_first_write_failed_gives_back_nothing(tmp_path, caplog):
         def replace(self, table, rows, part):
             calls.append(rows.to_pylist()[0]["released"])
             raise OSError("storage is down")
+
+        def append(self, table, rows):
+            self.replace(table, rows, None)
 
     lease = _lease(Refusing())
     with pytest.raises(OSError):

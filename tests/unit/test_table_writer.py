@@ -33,6 +33,9 @@ class FlakyStore(TableStore):
             raise OSError("storage unreachable")
         self.written.append((table, part))
 
+    def append(self, table, rows):  # pragma: no cover - the table writer only replaces
+        raise NotImplementedError
+
     def maintain(self, table, retention_hours):  # pragma: no cover - not used
         raise NotImplementedError
 

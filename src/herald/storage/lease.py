@@ -11,7 +11,9 @@ write one's own row and read again: of the live leases, the one taken first (ear
 holder) wins, and everyone reading the same rows picks the same one. Of two jobs starting together, the one
 that stamped its row first may commit it later; so a job waits as long as two of its own commits took before it
 reads the others, and both then see both rows. That commit is a warm one: a job first writes its row as
-released (no one counts it), as a first commit costs many times a later one on delta-spark. Only a commit much
+released (no one counts it), as a first commit costs many times a later one on delta-spark. Both rows are
+appended, as the holder is new (on delta-spark an append costs a tenth of a replace); renewals and the release
+replace the holder's rows with one. Only a commit much
 slower than one's own, or clocks far apart, can make both think they are first: every renewal checks again, so
 one of them stops within `renew_s`.
 
@@ -140,18 +142,36 @@ class StorageLease:
             holders.append(holder)
         return holders
 
-    def _write(self, expires_ms: int, released: bool = False) -> None:
+    def _write(self, expires_ms: int, released: bool = False, new_row: bool = False) -> None:
+        """Write this holder's row: in place of its rows (`replace`), or, `new_row`, beside them (`append`: a
+        tenth of the cost on delta-spark). Appending is for `acquire` only, where the slice holds at most the
+        holder's own released row; a renewal or a release replaces, leaving the one row."""
         row = {"holder": self.holder, "host": self.host, "pid": self.pid, "acquired_at": at_ms(self._acquired_ms),
                "renewed_at": at_ms(self.clock_ms()), "expires_at": at_ms(expires_ms), "released": released,
                "space": self.space,
                "writer": f"lease:{self.holder}", "batch_id": 0}
-        self.store.replace(LEASES, pa.Table.from_pylist([row], schema=LEASES_SCHEMA),
-                           Slice(f"lease:{self.holder}", 0))
+        rows = pa.Table.from_pylist([row], schema=LEASES_SCHEMA)
+        if new_row:
+            self.store.append(LEASES, rows)
+        else:
+            self.store.replace(LEASES, rows, Slice(f"lease:{self.holder}", 0))
 
-    def _write_retried(self, expires_ms: int, released: bool = False) -> None:
-        """`_write`, tried again a few times (0.2-2 s apart): a job starting beside another one on delta-spark
-        may lose the race for the table's next commit (ConcurrentAppendException); the row is its own slice, so
-        writing it again is safe. Renewals need none: the next one comes `renew_s` later."""
+    def _add_retried(self, expires_ms: int, released: bool = False) -> None:
+        """Add a row beside the holder's own (`_write` with `new_row`), and after a failure replace them instead:
+        a failed commit may have committed all the same, and the row must not be there twice. Tried a few times
+        (0.2-2 s apart): a job starting beside another one on delta-spark may lose the race for the table's next
+        commit (ConcurrentAppendException, the table's creation); the rows are the holder's own slice, so writing
+        them again is safe. Renewals need none: the next one comes `renew_s` later."""
+        tried = False
+        for attempt in Retrying(stop=stop_after_attempt(WRITE_ATTEMPTS), reraise=True,
+                                wait=wait_random_exponential(multiplier=0.2, max=2),
+                                sleep=lambda seconds: time.sleep(seconds)):
+            with attempt:
+                new_row, tried = not tried, True
+                self._write(expires_ms, released, new_row=new_row)
+
+    def _replace_retried(self, expires_ms: int, released: bool = False) -> None:
+        """`_write` in place of the holder's rows, tried as `_add_retried` is."""
         for attempt in Retrying(stop=stop_after_attempt(WRITE_ATTEMPTS), reraise=True,
                                 wait=wait_random_exponential(multiplier=0.2, max=2),
                                 sleep=lambda seconds: time.sleep(seconds)):
@@ -170,12 +190,14 @@ class StorageLease:
             raise LeaseHeld(_held_message(self.store, min(others, key=lambda h: (h.acquired_ms, h.holder))))
         # a released row first, which no one counts: the first commit of a job is its slowest by far (delta-spark
         # on a new JVM: 15-20 s, against 2-3 s once warm), and the wait below is measured on the next one
+        # Both rows are added, not replaced (this holder is new: its slice holds nothing, then the released row):
+        # readers skip the released one, and the first renewal replaces the two with one
         self._acquired_ms = self.clock_ms()
-        self._write_retried(self._acquired_ms, released=True)
+        self._add_retried(self._acquired_ms, released=True)
         self._acquired_ms = self.clock_ms()
         started = time.monotonic()
         self._live_row = True  # from here a live row may be in the table: `release` gives it back
-        self._write_retried(self._acquired_ms + int(self.ttl_s * 1000))
+        self._add_retried(self._acquired_ms + int(self.ttl_s * 1000))
         self._renewed_ms = self._acquired_ms
         # a job starting at the same time may have stamped its row first and commit it later: wait as long as
         # two commits take here before reading the others
@@ -222,7 +244,7 @@ class StorageLease:
             self._thread.join()
         if self._live_row:
             try:  # tried again: it may lose a commit race (a maintenance pass of this table ending beside it)
-                self._write_retried(self.clock_ms(), released=True)
+                self._replace_retried(self.clock_ms(), released=True)
             except Exception as error:  # noqa: BLE001 - it expires by itself
                 log.warning("giving the lease back failed (it expires in %.0f s): %s", self.ttl_s, error)
 

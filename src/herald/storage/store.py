@@ -94,6 +94,13 @@ class TableStore(ABC):
         """Make `table`'s rows of `part` (one round's slice, or several) exactly `rows` (which must all carry
         their slice's writer and batch_id), in one commit."""
 
+    @abstractmethod
+    def append(self, table: str, rows: pa.Table) -> None:
+        """Add `rows` to `table` in one commit that deletes nothing. Only for rows of a slice that no one can have
+        written before (a new lease holder's rows: its id is new): written again, they would be there twice. On
+        delta-spark it costs a tenth of a `replace`, which rebuilds the table's state to delete (0.3 s against
+        2.4 s warm: tests/benchmarks/README.md, "delta-spark commits")."""
+
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         """Rows of `table` (all, or one subscription's), read with delta-rs; empty if the table does not exist."""
         return DeltaRsStore.read_table(self.path(table), table, subscription_id, self.storage_options())
@@ -197,6 +204,20 @@ class DeltaRsStore(TableStore):
 
         commit()
 
+    def append(self, table: str, rows: pa.Table) -> None:
+        from deltalake import write_deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        self._ensure(table)
+        rows = _conform(table, rows)
+
+        @retry(retry=retry_if_exception_type(CommitFailedError), stop=stop_after_attempt(8),
+               wait=wait_random_exponential(multiplier=0.05, max=2), reraise=True)
+        def commit() -> None:
+            write_deltalake(self.path(table), rows, mode="append", storage_options=self._options)
+
+        commit()
+
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         """delta-rs `optimize.compact()`, `vacuum()`, then a checkpoint and `cleanup_metadata()` (the log entries
         older than the table's log retention; they need a checkpoint after them). The retention may be shorter
@@ -279,8 +300,10 @@ class SparkDeltaStore(TableStore):
                     builder = builder.property(key, value)
                 builder.execute()
             else:
-                current = DeltaTable.forPath(self.spark, path).detail().first()["properties"] or {}
-                properties = missing_properties(table, self.retention_hours, dict(current))
+                # its properties alone (`detail()` would count the table's files: its whole state rebuilt)
+                current = {row["key"]: row["value"]
+                           for row in self.spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+                properties = missing_properties(table, self.retention_hours, current)
                 if properties:
                     log.info("%s: setting table properties %s", table, properties)
                     settings = ", ".join(f"'{key}' = '{_sql_text(value)}'" for key, value in properties.items())
@@ -307,6 +330,12 @@ class SparkDeltaStore(TableStore):
         frame = self.spark.createDataFrame(_conform(table, rows)).coalesce(1)  # one file, not one per core
         (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
          .option("mergeSchema", "true").save(self.path(table)))
+
+    def append(self, table: str, rows: pa.Table) -> None:
+        """One attempt, as `replace`; appends alone never conflict with each other (Delta's blind appends)."""
+        self._ensure(table)
+        frame = self.spark.createDataFrame(_conform(table, rows)).coalesce(1)
+        frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path(table))
 
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         """`OPTIMIZE`, `VACUUM ... RETAIN n HOURS` (with Delta's retention check off for this statement when n is
