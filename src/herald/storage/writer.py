@@ -206,6 +206,20 @@ class TableWriter:
         return not self.abandoned
 
     def _run(self) -> None:
+        try:
+            self._drain()
+        except BaseException:  # a defect: nothing may wait for a writer that is gone (a flush, a full queue)
+            with self._idle:
+                log.exception("the table writer failed: %d round(s) are not written, and no later one will be; "
+                              "their messages are delivered again by the next run", self._unwritten)
+                self._given_up = True
+                self.abandoned += self._unwritten
+                self._unwritten, self._unwritten_bytes = 0, 0
+                self._held.clear()
+                self._idle.notify_all()
+
+    def _drain(self) -> None:
+        """Write what is queued, rounds waiting together, until the writer is closed."""
         carried: SliceWrite | None = None  # taken from the queue, not mergeable with the rounds before it
         while True:
             first = carried if carried is not None else self._queue.get()
