@@ -76,17 +76,25 @@ def _holder_rows(store, lease: StorageLease) -> list[bool]:
     return sorted(row["released"] for row in store.read(LEASES).to_pylist() if row["holder"] == lease.holder)
 
 
-def test_a_new_holder_adds_its_rows_and_a_renewal_or_release_leaves_one(tmp_path):
-    """Taking the lease appends (a new holder's slice holds nothing of anyone else's); a renewal and the release
-    replace the holder's rows with one."""
+def test_a_holder_appends_its_rows_and_its_newest_row_is_where_it_stands(tmp_path):
+    """Taking the lease and giving it back append rows (a tenth of a replace on delta-spark); a renewal replaces
+    the holder's rows with one. The holder's newest row decides, even when the clock did not move between two of
+    its writes (each row is stamped later than the one before)."""
     store = DeltaRsStore(str(tmp_path / "storage"))
-    lease = _lease(store)
+    frozen_ms = 1_900_000_000_000
+    lease = _lease(store, clock_ms=lambda: frozen_ms)
     lease.acquire()
     assert _holder_rows(store, lease) == [False, True]  # the live row beside the released warm-up row
+    assert [h.holder for h in lease.live_holders()] == [lease.holder], "the newer live row decides"
     lease.renew()
     assert _holder_rows(store, lease) == [False]
     lease.release()
-    assert _holder_rows(store, lease) == [True]
+    assert _holder_rows(store, lease) == [False, True]
+    assert lease.live_holders() == [], "the release, newer than the renewal, decides"
+    nxt = _lease(store, clock_ms=lambda: frozen_ms)
+    nxt.acquire()  # the path is free at once
+    assert [h.holder for h in nxt.live_holders()] == [nxt.holder]
+    nxt.release()
 
 
 def test_a_row_whose_append_landed_but_raised_is_not_written_twice(tmp_path):

@@ -4,18 +4,23 @@ Two jobs on the same conf and storage (a retried cluster job, a second notebook)
 rounds, both re-drive every parked message, and roll each other's positions back. So a job takes the lease
 before it delivers anything, and a second job exits at once saying who holds it.
 
-Each holder writes its own row (slice `lease:<holder>`): who it is (host, process id, run id), when it took the
-lease, and until when it holds it (`expires_at`, renewed every `renew_s`). A lease is live while it has not
-expired and has not been released. Taking it: read the live leases; if another holder's is live, refuse; else
-write one's own row and read again: of the live leases, the one taken first (earliest `acquired_at`, then
-holder) wins, and everyone reading the same rows picks the same one. Of two jobs starting together, the one
-that stamped its row first may commit it later; so a job waits as long as two of its own commits took before it
-reads the others, and both then see both rows. That commit is a warm one: a job first writes its row as
-released (no one counts it), as a first commit costs many times a later one on delta-spark. Both rows are
-appended, as the holder is new (on delta-spark an append costs a tenth of a replace); renewals and the release
-replace the holder's rows with one. Only a commit much
-slower than one's own, or clocks far apart, can make both think they are first: every renewal checks again, so
-one of them stops within `renew_s`.
+Each holder writes its own rows (slice `lease:<holder>`): who it is (host, process id, run id), when it took the
+lease, and until when it holds it (`expires_at`, renewed every `renew_s`). Its newest row (by `renewed_at`,
+which a holder stamps strictly later at every write; a released row wins a tie) is where it stands. A lease is
+live while that row has not expired and is not released.
+
+Taking it: read the live leases; if another holder's is live, refuse; else write one's own row and read again:
+of the live leases, the one taken first (earliest `acquired_at`, then holder) wins, and everyone reading the
+same rows picks the same one. Of two jobs starting together, the one that stamped its row first may commit it
+later; so a job waits as long as two of its own commits took before it reads the others, and both then see both
+rows. That commit is a warm one: a job first writes its row as released (no one counts it), as a first commit
+costs many times a later one on delta-spark. Only a commit much slower than one's own, or clocks far apart, can
+make both think they are first: every renewal checks again, so one of them stops within `renew_s`.
+
+Rows are appended (on delta-spark an append costs a tenth of a replace, which rebuilds the table's state to
+delete): the released row and the live one, and at the end the release. A renewal replaces the holder's rows
+with one, so a job that runs for long keeps one row. (A Herald older than this reads a holder's rows one by one:
+after such a release it counts the job as live until its lease expires, or until it sees the process gone.)
 
 A lease whose holder ran on this host, in the same boot and PID namespace, and whose process is gone (kill -9)
 is stale at once; any other ends at `expires_at`. A job that cannot renew its lease stops one renewal before
@@ -118,6 +123,7 @@ class StorageLease:
         self.holder = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self._acquired_ms = 0
         self._renewed_ms = 0
+        self._stamped_ms = 0  # the newest `renewed_at` this holder wrote: every row it writes is later
         self._live_row = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -130,8 +136,13 @@ class StorageLease:
 
     def _live(self) -> list[Holder]:
         now = self.clock_ms()
-        holders = []
+        newest: dict[str, tuple[tuple[int, bool], dict]] = {}  # holder: ((renewed_at, released), its newest row)
         for row in self.store.read(LEASES).to_pylist():
+            order = (epoch_ms(row["renewed_at"]) or 0, bool(row["released"]))
+            if row["holder"] not in newest or order > newest[row["holder"]][0]:
+                newest[row["holder"]] = (order, row)
+        holders = []
+        for _, row in newest.values():
             holder = Holder(row["holder"], row["host"], row["pid"], epoch_ms(row["acquired_at"]),
                             epoch_ms(row["expires_at"]), bool(row["released"]), row.get("space") or "")
             if holder.released or holder.expires_ms <= now:
@@ -143,11 +154,11 @@ class StorageLease:
         return holders
 
     def _write(self, expires_ms: int, released: bool = False, new_row: bool = False) -> None:
-        """Write this holder's row: in place of its rows (`replace`), or, `new_row`, beside them (`append`: a
-        tenth of the cost on delta-spark). Appending is for `acquire` only, where the slice holds at most the
-        holder's own released row; a renewal or a release replaces, leaving the one row."""
+        """Write this holder's row, stamped later than any it wrote before: in place of its rows (`replace`), or,
+        `new_row`, beside them (`append`: a tenth of the cost on delta-spark); the newest one is where it stands."""
+        self._stamped_ms = max(self.clock_ms(), self._stamped_ms + 1)
         row = {"holder": self.holder, "host": self.host, "pid": self.pid, "acquired_at": at_ms(self._acquired_ms),
-               "renewed_at": at_ms(self.clock_ms()), "expires_at": at_ms(expires_ms), "released": released,
+               "renewed_at": at_ms(self._stamped_ms), "expires_at": at_ms(expires_ms), "released": released,
                "space": self.space,
                "writer": f"lease:{self.holder}", "batch_id": 0}
         rows = pa.Table.from_pylist([row], schema=LEASES_SCHEMA)
@@ -170,14 +181,6 @@ class StorageLease:
                 new_row, tried = not tried, True
                 self._write(expires_ms, released, new_row=new_row)
 
-    def _replace_retried(self, expires_ms: int, released: bool = False) -> None:
-        """`_write` in place of the holder's rows, tried as `_add_retried` is."""
-        for attempt in Retrying(stop=stop_after_attempt(WRITE_ATTEMPTS), reraise=True,
-                                wait=wait_random_exponential(multiplier=0.2, max=2),
-                                sleep=lambda seconds: time.sleep(seconds)):
-            with attempt:
-                self._write(expires_ms, released)
-
     def _winner(self) -> Holder | None:
         live = self._live()
         return min(live, key=lambda h: (h.acquired_ms, h.holder)) if live else None
@@ -190,8 +193,7 @@ class StorageLease:
             raise LeaseHeld(_held_message(self.store, min(others, key=lambda h: (h.acquired_ms, h.holder))))
         # a released row first, which no one counts: the first commit of a job is its slowest by far (delta-spark
         # on a new JVM: 15-20 s, against 2-3 s once warm), and the wait below is measured on the next one
-        # Both rows are added, not replaced (this holder is new: its slice holds nothing, then the released row):
-        # readers skip the released one, and the first renewal replaces the two with one
+        # Both rows are added (appended): the live one is the newer, and the first renewal replaces the two with one
         self._acquired_ms = self.clock_ms()
         self._add_retried(self._acquired_ms, released=True)
         self._acquired_ms = self.clock_ms()
@@ -244,7 +246,7 @@ class StorageLease:
             self._thread.join()
         if self._live_row:
             try:  # tried again: it may lose a commit race (a maintenance pass of this table ending beside it)
-                self._replace_retried(self.clock_ms(), released=True)
+                self._add_retried(self.clock_ms(), released=True)
             except Exception as error:  # noqa: BLE001 - it expires by itself
                 log.warning("giving the lease back failed (it expires in %.0f s): %s", self.ttl_s, error)
 
