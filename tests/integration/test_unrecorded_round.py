@@ -120,14 +120,20 @@ def test_a_job_stopped_while_storage_refuses_its_rounds_exits_1(broker, spark, t
     from tests.support.herald_env import produce, wait_until, write_conf
     from tests.support.subscriber import ScriptedSubscriber
 
-    real_replace = DeltaRsStore.replace
+    real_replace, real_append = DeltaRsStore.replace, DeltaRsStore.append
 
     def storage_down(self, table, rows, part):
         if table != LEASES:
             raise OSError("storage is down")
         return real_replace(self, table, rows, part)
 
+    def appends_down(self, table, rows):
+        if table != LEASES:
+            raise OSError("storage is down")
+        return real_append(self, table, rows)
+
     monkeypatch.setattr(DeltaRsStore, "replace", storage_down)
+    monkeypatch.setattr(DeltaRsStore, "append", appends_down)
     broker.create_topics({topic_name: 2})
     produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(10)])
     with ScriptedSubscriber() as subscriber:

@@ -15,6 +15,7 @@ from herald.engine.rounds import position_rows
 from herald.storage.store import Slice, Slices, TableStore
 from herald.storage.tables import RETRIES_SCHEMA
 from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter
+from tests.support.herald_env import wait_until
 from tests.support.prometheus import samples
 
 
@@ -24,7 +25,8 @@ class FlakyStore(TableStore):
     def __init__(self) -> None:
         super().__init__("/nowhere")
         self.down = threading.Event()
-        self.written: list[tuple[str, Slice]] = []
+        self.written: list[tuple[str, Slice]] = []  # replaced: (table, slice)
+        self.appended: list[tuple[str, list[int]]] = []  # appended: (table, the rows' batch ids)
         self.tries = 0
 
     def replace(self, table: str, rows: pa.Table, part: Slice) -> None:
@@ -33,8 +35,12 @@ class FlakyStore(TableStore):
             raise OSError("storage unreachable")
         self.written.append((table, part))
 
-    def append(self, table, rows):  # pragma: no cover - the table writer only replaces
-        raise NotImplementedError
+    def append(self, table: str, rows: pa.Table) -> None:
+        """Recorded as (table, "append", rows' batch ids)."""
+        self.tries += 1
+        if self.down.is_set():
+            raise OSError("storage unreachable")
+        self.appended.append((table, sorted(set(rows.column("batch_id").to_pylist()))))
 
     def maintain(self, table, retention_hours):  # pragma: no cover - not used
         raise NotImplementedError
@@ -72,6 +78,47 @@ def test_rounds_are_written_in_order_positions_last():
         assert [batch for name, batch in written if name == table] == list(range(5)), f"{table} out of order"
     for n in range(5):
         assert written.index(("offsets", n)) > written.index(("retries", n)), f"round {n}: position written first"
+
+
+def test_new_rounds_are_appended_without_their_empty_tables_and_a_possible_replay_is_replaced():
+    store = FlakyStore()
+    writer = TableWriter(store)
+    assert writer.submit(*_round(0))  # not known new (a query's first micro-batch): replaced, empty retries too
+    assert writer.flush(30)
+    for n in (1, 2):
+        assert writer.submit(*_round(n), new=True)
+    assert writer.close()
+    assert store.written == [("retries", Slice("stream:q", 0)), ("offsets", Slice("stream:q", 0))]
+    appended_batches = [batch for table, batches in store.appended for batch in batches]
+    assert sorted(appended_batches) == [1, 2] and {table for table, _ in store.appended} == {"offsets"}, \
+        "the empty retries tables of new rounds are no commit"
+
+
+def test_a_new_round_whose_append_failed_is_written_again_as_a_replace():
+    """The append may have landed before it failed: written again, it would be there twice."""
+    store = FlakyStore()
+    store.down.set()
+    writer = TableWriter(store)
+    assert writer.submit(*_round(5), new=True)
+    assert wait_until(lambda: store.tries >= 1, 10)
+    store.down.clear()
+    assert writer.close(timeout_s=30)
+    assert store.appended == [] and store.written == [("offsets", Slice("stream:q", 5))]
+
+
+def test_a_new_round_written_together_with_one_that_may_replay_is_replaced_with_it():
+    store = FlakyStore()
+    store.down.set()  # the rounds queue up behind the first, then go together
+    writer = TableWriter(store)
+    assert writer.submit(*_round(0), new=True)
+    assert wait_until(lambda: store.tries >= 1, 10)
+    assert writer.submit(*_round(1))
+    assert writer.submit(*_round(2), new=True)
+    store.down.clear()
+    assert writer.close(timeout_s=30)
+    assert store.appended == []
+    assert ("offsets", Slices((Slice("stream:q", 1), Slice("stream:q", 2)))) in store.written
+    assert _flat(store.written).count(("offsets", 2)) == 1
 
 
 def test_delivery_waits_while_storage_is_down_and_goes_on_when_it_is_back():

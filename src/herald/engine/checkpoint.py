@@ -59,7 +59,14 @@ def _batch_ids(spark, directory: str) -> list[int]:
 
 def has_offsets(spark, checkpoint: str) -> bool:
     """True when the checkpoint has logged some micro-batch (the query is not new)."""
-    return bool(_batch_ids(spark, f"{checkpoint.rstrip('/')}/offsets"))
+    return last_logged(spark, checkpoint) is not None
+
+
+def last_logged(spark, checkpoint: str) -> int | None:
+    """The id of the last micro-batch in the checkpoint's offset log (Spark logs a batch before it runs it), or
+    None when it logged none."""
+    ids = _batch_ids(spark, f"{checkpoint.rstrip('/')}/offsets")
+    return max(ids) if ids else None
 
 
 def logged_topics(spark, checkpoint: str, batch_id: int) -> dict[str, dict[int, int]] | None:

@@ -17,7 +17,6 @@ from herald.config import Subscription
 from herald.config.model import ContentType
 from herald.config.settings import OAuthProvider
 from herald.delivery.flow import FlowSettings
-from herald.delivery.message import RetryState
 from herald.delivery.headers import (
     AUTHORIZATION,
     AVRO_CONTENT_TYPE,
@@ -25,6 +24,7 @@ from herald.delivery.headers import (
     basic_authorization,
     static_headers,
 )
+from herald.delivery.message import RetryState
 from herald.delivery.oauth import TokenSource
 from herald.delivery.pin import PinPlan
 from herald.delivery.plan import LanePlan, Target
@@ -34,7 +34,6 @@ from herald.endpoint import Endpoint
 from herald.engine.control import pinned_version, version_of
 from herald.engine.pinning import Pin
 from herald.engine.state import SubscriptionState
-
 
 TRACKING = {"trackingOff": TRACK_OFF, "discardedOnly": TRACK_DISCARDED, "trackingAll": TRACK_ALL}
 

@@ -103,6 +103,7 @@ class SharedRead:
         self.failure_handled = False  # `Topics` has dealt with this read's failure
         self.writers: dict[str, str] = {}  # Kafka topic -> its rounds' writer: stream:<query id>:<kafka topic>
         self._first_start: dict[str, dict[int, int]] | None = None
+        self.replayable_through: int | None = None  # `may_replay`; None until `start` reads the checkpoint
         self._started = threading.Event()
         self._idle = threading.Event()  # no micro-batch is being delivered
         self._idle.set()
@@ -114,7 +115,9 @@ class SharedRead:
         context, settings = self.context, self.context.config.settings
         if not self.resume:
             checkpoints.remove(context.spark, self.checkpoint)
-        resuming = checkpoints.has_offsets(context.spark, self.checkpoint)
+        logged = checkpoints.last_logged(context.spark, self.checkpoint)
+        resuming = logged is not None
+        self.replayable_through = logged if resuming else -1
         marks = partition_watermarks(context.client_config, self.kafka_topics)  # raises for a topic Kafka lacks
         starting = {topic: pipeline.starting_offsets(marks[topic]) for topic, pipeline in self.pipelines.items()}
         committed = self._committed() if resuming else {}
@@ -141,6 +144,13 @@ class SharedRead:
         log.info("one query reads %d topic(s) for %d subscription(s)%s", len(self.kafka_topics),
                  sum(len(p.states) for p in self.pipelines.values()),
                  " (from its checkpoint)" if resuming else "")
+
+    def may_replay(self, batch_id: int) -> bool:
+        """True when micro-batch `batch_id` may have run before, in full or in part, under this query's id (and so
+        its rounds' slices may hold rows): it was logged in the checkpoint before this query started (Spark runs
+        a logged batch again until it is committed). A batch this query logged itself never ran before, so its
+        rounds are new to the tables and are appended (`TableWriter.submit`)."""
+        return self.replayable_through is None or batch_id <= self.replayable_through
 
     def _committed(self) -> dict[str, dict[int, int]]:
         last = checkpoints.last_committed(self.context.spark, self.checkpoint)
@@ -231,7 +241,8 @@ class SharedRead:
             rows = batch_df
             if filtered:  # its rows, in as many partitions as it has ranges: not a (Python) task per batch partition
                 rows = batch_df.where(F.col("topic") == pipeline.kafka_topic).coalesce(input_partitions(ranges))
-            pipeline.deliver_batch(rows, batch_id, ranges, self.writers[pipeline.kafka_topic])
+            pipeline.deliver_batch(rows, batch_id, ranges, self.writers[pipeline.kafka_topic],
+                                   may_replay=self.may_replay(batch_id))
         except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
             self._round_failed(pipeline, batch_id, ranges, error)
 
@@ -261,7 +272,8 @@ class SharedRead:
             if self.closing:
                 return None
             try:
-                return pipeline.begin_batch(batch_id, ranges, self.writers[pipeline.kafka_topic], tasks=1)
+                return pipeline.begin_batch(batch_id, ranges, self.writers[pipeline.kafka_topic], tasks=1,
+                                            may_replay=self.may_replay(batch_id))
             except Exception as error:  # noqa: BLE001 - this topic's subscriptions catch up; the others go on
                 self._round_failed(pipeline, batch_id, ranges, error)
                 return None

@@ -172,10 +172,10 @@ def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, k
 def record(context: EngineContext, result: RoundResult, duration_s: float, stamp: int,
            possible_replay: bool = False, park: Callable | None = None) -> None:
     """Hand the round's rows, stamped `stamp` (epoch ms, from `TopicPipeline.apply`), to the table writer
-    (positions last), then its parked messages to `park` (the
-    retry driver: after their PARKED rows, so that a retry round's rows about them are always written later),
-    then tell the round's listeners. Empty tables are skipped, unless the round may replay an earlier run's
-    (its old slices are then cleared too). When the rows or the parked messages cannot be handed over, the job
+    (positions last), then its parked messages to `park` (the retry driver: after their PARKED rows, so that a
+    retry round's rows about them are always written later), then tell the round's listeners. Empty tables are
+    skipped and the rows appended, unless the round may replay an earlier run's (its old slices are then
+    replaced, and cleared where empty). When the rows or the parked messages cannot be handed over, the job
     writes nothing more and stops (`EngineContext.unrecorded`), and this raises. A round the writer gives up
     (it is closed, or stopped at an earlier round: nothing of this round or later is written) goes no further:
     its parked messages are not retried and its listeners never hear of it (no dead letter is published for a
@@ -184,7 +184,10 @@ def record(context: EngineContext, result: RoundResult, duration_s: float, stamp
         tables = table_rows(result, stamp)
         if not possible_replay:
             tables = [(table, rows) for table, rows in tables if rows.num_rows]
-        if tables and not context.writer.submit(Slice(result.writer, result.batch_id), tables):
+        # a round that cannot be a replay is new to the tables (catch-up and retry rounds have ids of this run):
+        # its rows are appended
+        if tables and not context.writer.submit(Slice(result.writer, result.batch_id), tables,
+                                                new=not possible_replay):
             return  # the writer is closed or stopped at an earlier round: the next run delivers these again
         if park is not None:
             for outcome in result.outcomes:

@@ -20,13 +20,13 @@ from herald.delivery.policy import EndedBy
 from herald.delivery.report import DISCARDED, Carried, Discarded, LaneCounters, Parked, Traced
 from herald.engine.pinning import PinNews
 from herald.storage.tables import (
+    HELD,
     METRICS,
     METRICS_SCHEMA,
     OFFSETS,
     OFFSETS_SCHEMA,
-    HELD,
-    RELEASED,
     PARKED,
+    RELEASED,
     RETRIES,
     RETRIES_SCHEMA,
     TRACKING,

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from herald.config import Subscription
 from herald.delivery.flow import FlowState
 from herald.delivery.message import RetryState
-from herald.storage import TableStore
 from herald.engine.rounds import position_rows, state_of_row
-from herald.storage import Slice, TableWriter
+from herald.storage import Slice, TableStore, TableWriter
 from herald.storage.tables import HELD, OFFSETS, RETRIES
 
 log = logging.getLogger(__name__)
@@ -142,10 +141,11 @@ class StateBook:
                 positions = dict(offsets_for_time(since_ms))
             else:
                 positions = {partition: high for partition, (_, high) in marks.items()}
-            writer = f"start:{subscription.id}"
+            # a slice of its own per Kafka topic, new to the tables: had it a row, that row would be a position
+            writer = f"start:{subscription.id}:{kafka_topic}"
             self.writer.submit(Slice(writer, START_BATCH_ID), [(OFFSETS, position_rows(
                 subscription.id, kafka_topic, positions, writer, START_BATCH_ID, dt.datetime.now(dt.timezone.utc)))],
-                hurry=True)  # not gathered: a crash before it is written would start it at a later `latest`
+                hurry=True, new=True)  # not gathered: a crash before it is written would start it at a later `latest`
             self._stored[(subscription.id, kafka_topic)] = dict(positions)
             log.info("%s starts in %s at the %s offsets %s", subscription.id, kafka_topic,
                      subscription.startingOffsets, positions)

@@ -199,27 +199,32 @@ class TopicPipeline:
     def round_succeeded(self) -> None:
         self.failed_rounds = 0
 
-    def deliver_batch(self, batch_df, batch_id: int, ranges: dict[int, tuple[int, int]], writer: str) -> None:
+    def deliver_batch(self, batch_df, batch_id: int, ranges: dict[int, tuple[int, int]], writer: str,
+                      may_replay: bool = True) -> None:
         """Deliver the topic's `ranges` (partition -> [start, end)) of the read's micro-batch `batch_id` (its rows:
         `batch_df`) to the subscriptions at the read's position, in a Spark job of its own; its rows are written
-        as `writer`'s. (The read delivers the rounds of several topics in one job: `begin_batch`, `finish_batch`.)"""
+        as `writer`'s. (The read delivers the rounds of several topics in one job: `begin_batch`, `finish_batch`.)
+        may_replay: as `begin_batch`."""
         context = self.context
-        batch = self.begin_batch(batch_id, ranges, writer)
+        batch = self.begin_batch(batch_id, ranges, writer, may_replay=may_replay)
         if batch is not None:
             self.finish_batch(batch, lambda: steps.run_alone(context, self.topic, batch.subscriptions, batch.plan,
                                                              batch_df, ranges))
 
     def begin_batch(self, batch_id: int, ranges: dict[int, tuple[int, int]], writer: str,
-                    tasks: int | None = None) -> BatchRound | None:
+                    tasks: int | None = None, may_replay: bool = True) -> BatchRound | None:
         """A round of the batch up to its Spark job: the subscriptions taking part are chosen (busy from now on)
         and their `TaskPlan` made for `tasks` tasks (None: a task per partition of `ranges`, at most Spark's
         parallelism) (`BatchRound.plan`; None when there is nothing to send).
         None when the batch is not delivered (the job is stopping, or it was recorded before a restart). The
         caller runs the job, then calls `finish_batch`, or `abandon_batch` when it delivers the batch again
-        another way."""
+        another way. may_replay: False when the read knows the batch never ran before (`SharedRead.may_replay`):
+        then it was not recorded, and its round is new to the tables."""
         if self.stopping:  # its rows stay behind every position: the next run (or catch-up) reads them again
             log.info("%s batch %d: not delivered, the job is stopping", self.kafka_topic, batch_id)
             return None
+        if not may_replay:
+            self._replay_possible = False
         if self._replay_possible and self._recorded_before(batch_id, writer):
             # written whole before a crash or a stop that came before Spark's commit: its subscriptions are past
             # it (those that are not catch up); delivering it again would replace its rows with an empty round's

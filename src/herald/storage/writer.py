@@ -59,6 +59,7 @@ one wait (a round alone always gets in); a gathering also ends at half of it."""
 class SliceWrite:
     part: Slice
     tables: tuple[tuple[str, pa.Table], ...]  # (table, rows), written in this order
+    new: bool = False  # no row of this slice can be in the tables or handed over before: appended (`submit`)
 
 
 class TableWriter:
@@ -88,11 +89,15 @@ class TableWriter:
         self._thread = threading.Thread(target=self._run, name="herald-table-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]], hurry: bool = False) -> bool:
+    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]], hurry: bool = False, new: bool = False) -> bool:
         """Queue a round's rows, table by table in the order given (an empty table clears the slice). Waits
         while `max_pending` rounds are queued. False when the round was given up instead (the writer is closed
         or abandoned an earlier round): none of its rows is written. `hurry`: end the gathering now (a row a
-        crash must not lose for 10 s, such as where a new `latest` subscription starts)."""
+        crash must not lose for 10 s, such as where a new `latest` subscription starts). `new`: the caller knows
+        that no row of `part` is in the tables and that `part` was never handed over before (a round id this
+        process made up, or a micro-batch after the first of its query's run): its rows are appended, not
+        replaced (on delta-spark a tenth of the cost), and its empty tables are skipped; a failed append is
+        tried again as a replace, as it may have landed all the same."""
         started = time.monotonic()
         warned = False
         with self._idle:
@@ -115,7 +120,7 @@ class TableWriter:
             self._unwritten += 1
             self._unwritten_bytes += _nbytes(tables)
             self._held[part] += 1
-            self._queue.put(SliceWrite(part, tuple(tables)))  # under the lock: queued before `_hurry` is seen
+            self._queue.put(SliceWrite(part, tuple(tables), new))  # under the lock: queued before `_hurry` is seen
             self._hurry = self._hurry or hurry
             if hurry or self._enough():
                 self._idle.notify_all()  # the writer stops gathering
@@ -262,7 +267,8 @@ class TableWriter:
             return
         if self._given_up:
             self.abandoned += len(items)
-        elif not self._write(writes, items[0].part if len(items) == 1 else Slices(tuple(i.part for i in items))):
+        elif not self._write(writes, items[0].part if len(items) == 1 else Slices(tuple(i.part for i in items)),
+                             appended=all(item.new for item in items)):
             self._given_up = True
             self.abandoned += len(items)
         with self._idle:
@@ -274,14 +280,23 @@ class TableWriter:
                     del self._held[item.part]
             self._idle.notify_all()
 
-    def _write(self, writes: list[tuple[str, pa.Table, Slice | Slices]], shown: Slice | Slices) -> bool:
+    def _write(self, writes: list[tuple[str, pa.Table, Slice | Slices]], shown: Slice | Slices,
+               appended: bool = False) -> bool:
         """Write one round's (or several rounds') tables in order; False when the writer was closed while a write
-        still failed."""
+        still failed. `appended`: every round is new (`submit`): each table's rows are appended (none: no
+        commit), and replaced only when a try failed."""
         for table, rows, part in writes:
+            if appended and not rows.num_rows:
+                continue
             pause_s = 0.5
+            tried = False
             while True:
                 try:
-                    self.store.replace(table, rows, part)
+                    if appended and not tried:
+                        tried = True
+                        self.store.append(table, rows)
+                    else:
+                        self.store.replace(table, rows, part)
                     if self._failing:
                         with self._idle:
                             self._failing = False
