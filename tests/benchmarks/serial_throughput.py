@@ -602,9 +602,9 @@ def run_herald(args) -> dict:
     batch_times: list[dict] = []
     deliver_batch = TopicPipeline.deliver_batch
 
-    def timed_deliver_batch(self, batch_df, batch_id, ranges, writer):
+    def timed_deliver_batch(self, batch_df, batch_id, ranges, writer, **options):
         began = time.perf_counter()
-        deliver_batch(self, batch_df, batch_id, ranges, writer)
+        deliver_batch(self, batch_df, batch_id, ranges, writer, **options)
         batch_times.append({"batch_id": batch_id, "start": began - run_started,
                             "handle_s": time.perf_counter() - began})
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from herald.delivery.report import LaneReport, TaskReport
 from herald.engine.planner import split_inflight
 from herald.engine.positions import advance, behind, catch_up_ranges, earliest
@@ -143,3 +145,27 @@ def test_a_range_read_from_above_its_start_or_with_a_hole_is_lost_only_below_kaf
     assert lost_ranges([(0, 0, 4), (0, 4, 9)], {0: 9}) == [(0, 0, 9)], "adjacent ranges are one"
     cut_short = [TaskReport("t1", progress={0: 12}, exhausted=False, firsts={0: 5})]
     assert unread_ranges(ranges, cut_short) == [], "a partition no task reached while one was cut is not known"
+
+
+def test_the_last_logged_batch_is_the_last_one_that_may_replay_and_a_checkpoint_left_behind_is_an_error(
+        tmp_path, monkeypatch):
+    """Spark logs a micro-batch in `offsets/` before it runs it: the highest id there when a query starts is the
+    last batch that may have run before (`SharedRead.may_replay`). A stale checkpoint that could not be deleted
+    must stop the read from starting on it, as its query id and batch ids would be reused."""
+    import shutil
+
+    from herald.engine import checkpoint
+
+    root = tmp_path / "cp"
+    assert checkpoint.last_logged(None, str(root)) is None
+    (root / "offsets").mkdir(parents=True)
+    for name in ("0", "1", "7", ".7.crc", "3.tmp"):
+        (root / "offsets" / name).write_text("v1\n")
+    assert checkpoint.last_logged(None, str(root)) == 7
+    monkeypatch.setattr(shutil, "rmtree", lambda path, ignore_errors=False: None)  # a delete that did nothing
+    checkpoint.remove(None, str(root))  # best effort: stale checkpoints of other reads
+    with pytest.raises(RuntimeError, match="could not delete the stale checkpoint"):
+        checkpoint.remove(None, str(root), must=True)
+    monkeypatch.undo()
+    checkpoint.remove(None, str(root), must=True)
+    assert not root.exists()

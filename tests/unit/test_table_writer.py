@@ -154,8 +154,8 @@ def test_a_round_given_up_at_close_stops_every_later_round_so_no_position_passes
 
 def test_a_writer_thread_that_dies_gives_its_rounds_up_instead_of_leaving_flush_or_close_waiting():
     """A defect ends the writer's thread (here a BaseException from the store, which the retry loop does not take):
-    the rounds it held are given up and counted, a flush returns, close says not everything was written, and a
-    later round is refused, as after any round given up."""
+    the rounds it held are given up and counted, the job is told to stop (`on_failed`), a flush returns, close
+    says not everything was written, and a later round is refused, as after any round given up."""
 
     class Defect(BaseException):
         pass
@@ -164,9 +164,11 @@ def test_a_writer_thread_that_dies_gives_its_rounds_up_instead_of_leaving_flush_
         def replace(self, table, rows, part):
             raise Defect("a bug in the writer")
 
-    writer = TableWriter(DyingStore(), max_pending=8)
+    reasons: list[str] = []
+    writer = TableWriter(DyingStore(), max_pending=8, on_failed=reasons.append)
     assert writer.submit(*_round(0))
     assert writer.flush(timeout_s=30), "a flush waited for a writer that is gone"
+    assert reasons == ["the table writer failed"], "the job was not told to stop: it would deliver, recording nothing"
     assert writer.abandoned == 1 and writer.pending == 0
     assert writer.submit(*_round(1)) is False, "a round after a given-up one is not taken"
     assert writer.close(timeout_s=1.0) is False

@@ -121,16 +121,22 @@ def ranges_between(end: Mapping[int, int], previous: Mapping[int, int] | None,
     return {p: (min(start.get(p, e), e), e) for p, e in end.items()}
 
 
-def remove(spark, path: str) -> None:
-    """Delete a checkpoint directory (local or remote) and everything in it; nothing when it does not exist."""
+def remove(spark, path: str, must: bool = False) -> None:
+    """Delete a checkpoint directory (local or remote) and everything in it; nothing when it does not exist.
+    must: raise when some of it is still there (a query started on what is left could keep the old query id
+    and count its micro-batches from 0 again, under slices the tables already hold)."""
     if _local(path):
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
+        if must and os.path.exists(path):
+            raise RuntimeError(f"could not delete the stale checkpoint {path}")
         return
     fs, hadoop_path = _hadoop(spark, path)
     if fs.exists(hadoop_path):
         fs.delete(hadoop_path, True)
+        if must and fs.exists(hadoop_path):
+            raise RuntimeError(f"could not delete the stale checkpoint {path}")
 
 
 def children(spark, directory: str) -> list[str]:

@@ -114,7 +114,7 @@ class SharedRead:
         new to the read, at the highest position of its subscriptions. Raises when Kafka cannot say where."""
         context, settings = self.context, self.context.config.settings
         if not self.resume:
-            checkpoints.remove(context.spark, self.checkpoint)
+            checkpoints.remove(context.spark, self.checkpoint, must=True)
         logged = checkpoints.last_logged(context.spark, self.checkpoint)
         resuming = logged is not None
         self.replayable_through = logged if resuming else -1

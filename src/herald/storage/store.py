@@ -96,10 +96,11 @@ class TableStore(ABC):
 
     @abstractmethod
     def append(self, table: str, rows: pa.Table) -> None:
-        """Add `rows` to `table` in one commit that deletes nothing. Only for rows of a slice that no one can have
-        written before (a new lease holder's rows: its id is new): written again, they would be there twice. On
-        delta-spark it costs a tenth of a `replace`, which rebuilds the table's state to delete (0.3 s against
-        2.4 s warm: tests/benchmarks/README.md, "delta-spark commits")."""
+        """Add `rows` to `table` in one commit that deletes nothing. Only for rows of a slice no one can have
+        written before (a round new to the tables: `TableWriter.submit`), or rows whose readers take the newest
+        (a lease holder's): written again, they would be there twice. On delta-spark it costs a tenth of a
+        `replace`, which rebuilds the table's state to delete (0.3 s against 2.4 s warm: tests/benchmarks/README.md,
+        `delta_commit.py`)."""
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         """Rows of `table` (all, or one subscription's), read with delta-rs; empty if the table does not exist."""

@@ -32,6 +32,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -67,8 +68,9 @@ class TableWriter:
     metrics); abandoned: rounds given up (their messages are delivered again by the next run)."""
 
     def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS, min_interval_s: float = 0.0,
-                 max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
+                 max_pending_bytes: int = MAX_PENDING_BYTES, on_failed: Callable[[str], None] | None = None) -> None:
         self.store = store
+        self.on_failed = on_failed  # told (with the reason) when the writer's thread fails: the job must stop
         self.max_pending = max(1, max_pending)
         self.max_pending_bytes = max(1, max_pending_bytes)
         self.min_interval_s = max(0.0, min_interval_s)
@@ -222,6 +224,8 @@ class TableWriter:
                 self._unwritten, self._unwritten_bytes = 0, 0
                 self._held.clear()
                 self._idle.notify_all()
+            if self.on_failed is not None:  # a job that records nothing must not go on delivering
+                self.on_failed("the table writer failed")
 
     def _drain(self) -> None:
         """Write what is queued, rounds waiting together, until the writer is closed."""
