@@ -29,7 +29,7 @@ from herald.config import Subscription
 from herald.config.endpoints import Discovery
 from herald.endpoint import Endpoint, mask_secrets
 from herald.engine.discovery import Change, EndpointSet, PollSchedule, parse_answer
-from herald.storage import Slice, TableStore
+from herald.storage import TableStore
 from herald.storage.tables import ENDPOINTS, ENDPOINTS_SCHEMA, at_ms, epoch_ms
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class Discoveries:
              "changed_at": at_ms(stamp), "writer": self.writer, "batch_id": batch_id}
             for endpoint, lookups in rows or [(None, [])]], schema=ENDPOINTS_SCHEMA)
         try:
-            self.store.replace(ENDPOINTS, table, Slice(self.writer, batch_id))
+            self.store.append(ENDPOINTS, table)  # a slice of this run (discovery:<run id>), never written again
         except Exception:  # noqa: BLE001 - delivery goes on; `herald endpoints` shows an older set
             log.exception("%s: recording the discovered endpoints failed", subscription_id)
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from herald.config import Subscription
 from herald.engine.pinning import ADMIN, PINNED, UNPINNED, Advisory, Pin, PinGroup, PinNews
-from herald.storage import Slice, TableStore
+from herald.storage import TableStore
 from herald.storage.tables import ADVISORIES, ADVISORIES_SCHEMA, at_ms, epoch_ms
 
 log = logging.getLogger(__name__)
@@ -227,9 +227,8 @@ class Priority:
     def _write(self, advisories: list[Advisory]) -> None:
         if self._frozen:
             raise RuntimeError("the job lost its storage lease: it records nothing more")
-        batch_id = next(self._batches)
-        self.store.replace(ADVISORIES, advisory_rows(advisories, self.writer, batch_id),
-                           Slice(self.writer, batch_id))
+        batch_id = next(self._batches)  # a slice of this run (priority:<run id>), never written again: appended
+        self.store.append(ADVISORIES, advisory_rows(advisories, self.writer, batch_id))
 
     def _tell(self, advisory: Advisory) -> None:
         if advisory.type == PINNED:
@@ -290,7 +289,7 @@ def unpin(store: TableStore, subscription_id: str, user: str, now_ms: int) -> tu
     advisory = Advisory(UNPINNED, subscription_id, pinned.endpoint, pinned.pin_id, ADMIN,
                         max(now_ms, pinned.at_ms + 1))
     writer = f"admin:{user}"
-    store.replace(ADVISORIES, advisory_rows([advisory], writer, now_ms), Slice(writer, now_ms))
+    store.append(ADVISORIES, advisory_rows([advisory], writer, now_ms))  # appended: the newest row of a type counts
     return advisory, ""
 
 
