@@ -53,6 +53,17 @@ def free_port() -> int:
 TEST_BROKER = os.environ.get("HERALD_TEST_BROKER", "kafka")
 
 
+@pytest.fixture(autouse=True)
+def table_engine_of_the_file(request, monkeypatch) -> None:
+    """The tables of a file that sets `TABLE_ENGINE` (a file whose subject is not the tables keeps delta-rs, which
+    writes in milliseconds), unless HERALD_TEST_ENGINE names one for the whole run (`tests/support/herald_env.py`)."""
+    engine = getattr(request.module, "TABLE_ENGINE", None)
+    if engine and "HERALD_TEST_ENGINE" not in os.environ:
+        from tests.support import herald_env
+
+        monkeypatch.setattr(herald_env, "SUITE_ENGINE", engine)
+
+
 @pytest.fixture(scope="session")
 def broker(request):
     """The suite's Kafka broker, started once per test process: Apache Kafka (the `kafka_broker` fixture), or

@@ -21,6 +21,7 @@ from tests.support.kafka_broker import SASL_PASSWORD, SASL_USER
 from tests.support.subscriber import Reply, ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+TABLE_ENGINE = "deltalake"  # the subject is Kafka's TLS and SASL, not the tables (tests/conftest.py)
 
 WRONG_PASSWORD = "wrong-pw-3Hd8sLq1"
 

@@ -34,6 +34,7 @@ from tests.support.herald_env import (
 from tests.support.subscriber import ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+TABLE_ENGINE = "deltalake"  # the subject is Kafka's own broker, not the tables (tests/conftest.py)
 
 
 @pytest.fixture

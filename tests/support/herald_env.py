@@ -1,11 +1,12 @@
 """Building a conf directory for tests and producing messages to the embedded broker.
 
-The suite's stack is pinned here, not left to `auto`: Spark's Kafka source (what users run; `make install`
-fetches it), and delta-rs for the tables, because a delta-spark commit of one round takes 2-7 s on 2 cores
-against milliseconds with delta-rs, and the suite writes every round at once (`commitIntervalMs: 0`). A test
-that wants the other parts says so: `settings={"kafka": {"connector": "python"}}` (Herald's own source: the tests
-of its code, and the scenarios run on both) or `settings={"storage": {"engine": "spark"}}`. HERALD_TEST_CONNECTOR
-and HERALD_TEST_ENGINE change the default for a whole run.
+The suite's stack is pinned here, not left to `auto`: what users run, Spark's Kafka source and delta-spark (`make
+install` fetches their jars). A test that wants the other parts says so: `settings={"kafka": {"connector":
+"python"}}` (Herald's own source: the tests of its code, and the scenarios run on both) or `settings={"storage":
+{"engine": "deltalake"}}` (delta-rs: its own tests, the CLI's reads). A test file whose subject is not the tables
+(Kafka's broker, its TLS and SASL) may set `TABLE_ENGINE = "deltalake"` for its tests (`tests/conftest.py`): a
+job's delta-spark commits cost seconds of the two cores where delta-rs takes milliseconds. HERALD_TEST_CONNECTOR
+and HERALD_TEST_ENGINE change the default for a whole run (and then for every file).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import yaml
 from confluent_kafka import Producer
 
 SUITE_CONNECTOR = os.environ.get("HERALD_TEST_CONNECTOR", "spark")  # Spark's Kafka source, or "python" (Herald's)
-SUITE_ENGINE = os.environ.get("HERALD_TEST_ENGINE", "deltalake")  # delta-rs, or "spark" (delta-spark)
+SUITE_ENGINE = os.environ.get("HERALD_TEST_ENGINE", "spark")  # delta-spark, or "deltalake" (delta-rs)
 
 
 def require_jars(spark, class_name: str) -> None:
