@@ -111,6 +111,7 @@ def main() -> None:
                                if args.subscription_rate else {})}
                   for n in range(args.subscriptions)}
         conf = write_topics_conf(root, broker.bootstrap_servers, {TOPIC: layout}, settings={
+            "storage": {"engine": "deltalake"},  # as its figures in README.md were measured
             "streaming": {"triggerInterval": args.trigger, "maxOffsetsPerTrigger": 10000, "configPollMs": 2000},
             "rateControl": {"adjustIntervalMs": 30000, "slowRate": 1, "heartbeatIntervalMs": 60000},
         })

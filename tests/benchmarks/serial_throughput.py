@@ -593,7 +593,8 @@ def run_herald(args) -> dict:
         workdir, args.bootstrap, args.topic,
         {SUBSCRIPTION: {"endpoint": args.url, "trackingMode": args.tracking,
                         "subscriptionPolicy": {"inflightSize": args.inflight, "rate": 100000}}},
-        settings={"streaming": {"maxOffsetsPerTrigger": args.max_offsets}},
+        settings={"streaming": {"maxOffsetsPerTrigger": args.max_offsets},
+                  "storage": {"engine": "deltalake"}},  # as its figures in README.md were measured
     )
     config = load_config(conf)
 

@@ -21,7 +21,9 @@ import yaml
 from confluent_kafka import Producer
 
 SUITE_CONNECTOR = os.environ.get("HERALD_TEST_CONNECTOR", "spark")  # Spark's Kafka source, or "python" (Herald's)
-SUITE_ENGINE = os.environ.get("HERALD_TEST_ENGINE", "spark")  # delta-spark, or "deltalake" (delta-rs)
+# delta-spark, or "deltalake" (delta-rs): the default too in a run that asked for no jars (HERALD_JARS=off)
+SUITE_ENGINE = os.environ.get("HERALD_TEST_ENGINE",
+                              "deltalake" if os.environ.get("HERALD_JARS", "").lower() == "off" else "spark")
 
 
 def require_jars(spark, class_name: str) -> None:
