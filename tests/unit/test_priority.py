@@ -125,6 +125,26 @@ def test_herald_unpin_offline_and_while_running(tmp_path):
     assert restarted.lease(billing).index == 0, "wrapped round to the first endpoint"
 
 
+def test_a_pin_given_up_after_an_unpin_stamped_by_a_clock_ahead_is_recorded_after_it(tmp_path):
+    """`herald unpin` ran on a host whose clock is a minute ahead: the job's next pin is stamped after that unpin,
+    and when the job gives that pin up in turn (its endpoint edited away), the unpin and the pin after it must be
+    stamped later still, or the table's newest rows would say the removed endpoint is still pinned."""
+    config, store, billing, clock, priority = pinned_job(tmp_path)
+    priority.configure(config.subscriptions)
+    pinned = priority.lease(billing)
+    unpin(store, "shop.orders.billing", "ops", clock.ms + 60_000)  # the operator's clock, a minute ahead
+    priority.poll()
+    priority.release("shop.orders.billing", pinned, None)
+    assert recorded_state(store, "shop.orders.billing")["endpoint"].startswith("http://ops:*****@standby")
+    edited = load_config(write_conf(tmp_path / "edited", subscriptions={"billing": PINNED_SUBSCRIPTION.replace(
+        "http://ops:s3cret@standby.example/orders", "http://third.example/orders")}))
+    clock.ms += 5
+    priority.configure(edited.subscriptions)
+    state = recorded_state(store, "shop.orders.billing")
+    assert (state["endpoint"], state["pin_reason"], state["unpinned"]) == (
+        "http://primary.example/orders", "endpoint removed", None), state
+
+
 def test_an_edit_that_removes_the_pinned_endpoint_moves_the_pin(tmp_path):
     config, store, billing, clock, priority = pinned_job(tmp_path)
     priority.configure(config.subscriptions)

@@ -161,7 +161,10 @@ class PinGroup:
         when there is nothing to give up."""
         if self.index is None or self.leaving is not None or (pin_id is not None and pin_id != self.pin_id):
             return None
-        self.leaving = Advisory(UNPINNED, self.subscription_id, self.endpoint, self.pin_id, reason, now_ms)
+        # after the pin, even when it was stamped ahead of this clock (after an unpin from a host whose clock runs
+        # ahead): the table's newest rows are the group's state
+        at_ms = now_ms if self.since_ms is None else max(now_ms, self.since_ms + 1)
+        self.leaving = Advisory(UNPINNED, self.subscription_id, self.endpoint, self.pin_id, reason, at_ms)
         return self.leaving
 
     def due(self) -> bool:
