@@ -97,7 +97,7 @@ class TableWriter:
         or abandoned an earlier round): none of its rows is written. `hurry`: end the gathering now (a row a
         crash must not lose for 10 s, such as where a new `latest` subscription starts). `new`: the caller knows
         that no row of `part` is in the tables and that `part` was never handed over before (a round id this
-        process made up, or a micro-batch after the first of its query's run): its rows are appended, not
+        process made up, a micro-batch its query logged itself, a start row): its rows are appended, not
         replaced (on delta-spark a tenth of the cost), and its empty tables are skipped; a failed append is
         tried again as a replace, as it may have landed all the same."""
         started = time.monotonic()
