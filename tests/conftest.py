@@ -13,7 +13,6 @@ import pytest
 
 from herald.broker import EmbeddedBroker
 
-
 # The files that take minutes on a loaded 2-core machine (`--durations`), slowest first: collected before the rest,
 # so that `make test`'s two workers (`-n 2 --dist loadfile --no-loadscope-reorder`, files handed out in this
 # order) start them early and end together on the short files, instead of one worker starting a file of
@@ -35,6 +34,24 @@ SLOW_FILES_FIRST = (
     "test_fanout_e2e.py",
     "test_cluster_backends.py",
 )
+
+
+def pytest_configure(config) -> None:
+    """Faster Spark driver JVMs for the whole run (tests/support/jvm_archive.py): set once, before the xdist workers
+    start, so that they, their sessions and every `herald run` or spark-submit they start inherit it. A run of the
+    unit tests alone builds nothing; SPARK_SUBMIT_OPTS set by the caller is kept."""
+    if hasattr(config, "workerinput") or "SPARK_SUBMIT_OPTS" in os.environ:
+        return
+    if config.args and all(Path(arg.split("::")[0]).resolve().is_relative_to(UNIT_TESTS) for arg in config.args):
+        return
+    from tests.support.jvm_archive import driver_options
+
+    options = driver_options()
+    if options:
+        os.environ["SPARK_SUBMIT_OPTS"] = options
+
+
+UNIT_TESTS = Path(__file__).resolve().parent / "unit"
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:

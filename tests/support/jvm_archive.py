@@ -1,0 +1,87 @@
+"""Faster JVM starts for the test suite: a class-data-sharing archive of the Spark driver's classes, and C1 only.
+
+Every `herald run` a test starts as a process of its own (kill -9, Ctrl-C, spark-submit) starts a new Spark driver
+JVM, which loads and compiles Spark's and delta-spark's classes again: on 2 cores a new session with its first
+Delta commits took 35-38 s, of which 22 s with an archive of those classes (`-XX:SharedArchiveFile`, JDK 13+) and the
+JIT's first tier only (`-XX:TieredStopAtLevel=1`: the tests' data is small, C2's compile time is not paid back).
+Measured in tests/benchmarks/README.md ("Test suite JVM start").
+
+The options reach every driver JVM the tests start through SPARK_SUBMIT_OPTS, which spark-submit (and so PySpark's
+own gateway launch) adds to the driver's command line, not to its launcher's. The archive is built once per cache
+directory of jars (so per Spark, Delta and Java version) by a spark-submit run of `_WARM_UP` that dumps the classes it
+loaded at exit. A JVM whose class path differs from the archive's ignores it and starts as before; its CDS warning
+is silenced. Users' jobs get none of this: it is the suite's, set in tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+FAST_START_OPTIONS = ("-XX:TieredStopAtLevel=1", "-Xlog:cds=off,cds+dynamic=off")
+
+# What a test's job does first: a session with the cached jars, Delta tables created, appended to, replaced in and
+# read, and a Python (Arrow) task, so that their classes are in the archive.
+_WARM_UP = """
+import sys, tempfile
+from herald.session import get_or_create_session
+spark = get_or_create_session("local[2]")
+table = tempfile.mkdtemp()
+rows = spark.createDataFrame([(i, "s%d" % (i % 3)) for i in range(10)], "i int, s string")
+rows.write.format("delta").save(table)
+rows.write.format("delta").mode("append").save(table)
+rows.filter("s = 's1'").write.format("delta").mode("overwrite").option("replaceWhere", "s = 's1'").save(table)
+spark.read.format("delta").load(table).mapInArrow(lambda batches: batches, "i int, s string").count()
+spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()
+spark.stop()
+"""
+
+
+def archive_path() -> Path:
+    """The archive beside the cached jars, named after the Java runtime it was dumped by."""
+    from herald.jars import cache_dir
+
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr
+    return cache_dir() / f"test-driver-{hashlib.sha256(java.encode()).hexdigest()[:8]}.jsa"
+
+
+def driver_options() -> str:
+    """SPARK_SUBMIT_OPTS for the suite: the archive (built now when missing) and C1; "" when the jars were not
+    fetched or the archive cannot be built (the JVMs then start as they always did)."""
+    from herald.jars import cached_jars
+
+    jars = cached_jars()
+    if not jars:
+        return ""
+    archive = archive_path()
+    if not archive.exists():
+        _build(archive, jars)
+    options = list(FAST_START_OPTIONS)
+    if archive.exists():
+        options.insert(0, f"-XX:SharedArchiveFile={archive}")
+    return " ".join(options)
+
+
+def _build(archive: Path, jars: list[str]) -> None:
+    """Dump the warm-up's classes into `archive` (written under a temporary name, then renamed: two suites
+    starting at once each build one, and the last rename wins)."""
+    import pyspark
+
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    with tempfile.TemporaryDirectory(dir=archive.parent) as work:
+        partial = Path(work) / archive.name
+        script = Path(work) / "warm_up.py"
+        script.write_text(_WARM_UP)
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
+                   SPARK_SUBMIT_OPTS=" ".join((*FAST_START_OPTIONS, f"-XX:ArchiveClassesAtExit={partial}")))
+        result = subprocess.run([str(spark_submit), "--master", "local[2]", "--jars", ",".join(jars), str(script)],
+                                capture_output=True, text=True, env=env, timeout=600, check=False)
+        if result.returncode == 0 and partial.exists():
+            os.replace(partial, archive)
+        else:  # the suite runs anyway, only slower: say why
+            print(f"no JVM class archive for the tests (spark-submit exit {result.returncode}):\n"
+                  f"{result.stderr[-2000:]}", file=sys.stderr)
