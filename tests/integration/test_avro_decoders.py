@@ -116,6 +116,47 @@ def test_a_schema_file_topic_decodes_the_same_with_both_decoders(spark):
     assert reasons[3] == "invalid Avro binary: 4 bytes left after the record" == python[403][4]
 
 
+# Only types Spark's JSON writer renders as json.dumps does: the whole record is one to_json (render.writer_renders)
+WRITER_ONLY = {
+    "type": "record", "name": "Plain", "namespace": "t",
+    "fields": [
+        {"name": "__metadata", "type": ["null", {"type": "map", "values": "string"}], "default": None},
+        {"name": "s", "type": "string"},
+        {"name": "opt", "type": ["null", "string"], "default": None},
+        {"name": "n", "type": ["null", "int", "long"], "default": None},
+        {"name": "who", "type": ["null", {"type": "record", "name": "Who", "fields": [
+            {"name": "name", "type": "string"}, {"name": "age", "type": ["null", "int"]},
+            {"name": "color", "type": {"type": "enum", "name": "Hue", "symbols": ["RED", "GREEN"]}}]}]},
+        {"name": "many", "type": {"type": "array", "items": ["null", "Who"]}},
+        {"name": "words", "type": {"type": "array", "items": {"type": "array", "items": ["null", "string"]}}},
+        {"name": "flag", "type": "boolean"},
+    ],
+}
+
+
+def test_a_record_spark_writes_in_one_piece_keeps_nulls_order_and_escapes(spark):
+    require_jars(spark, SPARK_AVRO_CLASS)
+    rng = random.Random(3)
+
+    def plain(n: int) -> dict:
+        who = {"name": TEXT[(n + 3) % len(TEXT)], "age": None if n % 2 else n, "color": "GREEN" if n % 3 else "RED"}
+        return {"__metadata": {"k": "v"} if n % 2 else None, "s": TEXT[n % len(TEXT)],
+                "opt": None if n % 3 else TEXT[(n + 1) % len(TEXT)], "n": [None, -7, 2 ** 40][n % 3],
+                "who": None if n % 4 == 0 else who, "many": [who, None, who] if n % 2 else [],
+                "words": [[TEXT[(n + 5) % len(TEXT)], None], []], "flag": bool(rng.getrandbits(1))}
+
+    values = [avro_bytes(WRITER_ONLY, plain(n)) for n in range(120)]
+    source = AvroSource(schema_json=json.dumps(WRITER_ONLY))
+    df = frame(spark, values)
+    by_jvm = decode(df, source, "spark")
+    plan = by_jvm._jdf.queryExecution().optimizedPlan().toString()
+    assert uses_from_avro(by_jvm) and "StructsToJson" in plan and "transform(" not in plan  # no lambda per value
+    jvm, python = rows_of(by_jvm), rows_of(decode(df, source, "fastavro"))
+    assert all(p[4] is None for p in python) and len(jvm) == 120
+    assert jvm == python, next((j, p) for j, p in zip(jvm, python) if j != p)
+    assert any("\\u001f" in p[1] for p in python) and any('"opt":null' in p[1] for p in python)
+
+
 def test_the_wire_format_decodes_each_schema_id_with_its_own_schema(spark):
     require_jars(spark, SPARK_AVRO_CLASS)
     clear_cache()

@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from herald.avro.convert import plain_schema
 from herald.avro.decode import DECODED_FIELDS, AvroSource, decode_batches
 from herald.avro.registry import RegistryClient, SchemaRegistryError
-from herald.avro.render import UnsupportedSchema, record_json, resolve
+from herald.avro.render import UnsupportedSchema, finish_json, record_json, resolve
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +154,15 @@ def _schema_file(raw, plan: SchemaPlan):
     error = F.when(value.isNull(), F.lit(TOMBSTONE)).otherwise(plan.error(decoded, value))
     errors = staged.select(*columns, _DECODED, error.alias("decode_error"))
     ok = F.col("decode_error").isNull()
-    return errors.select(*columns, F.when(ok, plan.json(_DECODED)).alias("json"),
-                         F.lit(None).cast("int").alias("schema_id"), F.lit(None).cast("int").alias("schema_version"),
-                         "decode_error")
+    return _finished(errors.select(*columns, F.when(ok, plan.json(_DECODED)).alias("json"),
+                                   F.lit(None).cast("int").alias("schema_id"),
+                                   F.lit(None).cast("int").alias("schema_version"), "decode_error"))
+
+
+def _finished(decoded):
+    """`decoded` with its json text finished (`render.finish_json`), in a projection of its own."""
+    return decoded.select(*[finish_json(F.col(name)).alias(name) if name == "json" else name
+                            for name in decoded.columns])
 
 
 @dataclass(frozen=True)
@@ -247,8 +253,8 @@ def _wire_format(raw, source: AvroSource):
             if entry.plan is not None:
                 versions = (F.when if versions is None else versions.when)(the_id == k, F.lit(entry.version))
         version = versions.otherwise(F.col(_STRAY).getField("schema_version"))
-    return errors.select(*columns, text.alias("json"), F.when(ok, the_id).try_cast("int").alias("schema_id"),
-                         F.when(ok, version).try_cast("int").alias("schema_version"), "decode_error")
+    return _finished(errors.select(*columns, text.alias("json"), F.when(ok, the_id).try_cast("int").alias("schema_id"),
+                                   F.when(ok, version).try_cast("int").alias("schema_version"), "decode_error"))
 
 
 def _fallback(source: AvroSource):

@@ -5,11 +5,14 @@ The expression is built on the driver from the record's Avro schema (the one `fr
 `plain_schema`: logical types other than `decimal` removed, so timestamps and dates stay longs and ints), type by
 type, the way `json.dumps(..., ensure_ascii=False, separators=(",", ":"))` writes the Python values:
 
-- records: fields in schema order, `null` fields kept (Spark's `to_json` would leave them out); the top-level
-  `__metadata` dropped; maps (were they supported) as objects;
+- records: fields in schema order, `null` fields kept; the top-level `__metadata` dropped; maps (were they
+  supported) as objects. A run of fields Spark's JSON writer renders as json.dumps does (booleans, ints, longs,
+  strings, enums, and records and arrays of only those) is one `to_json` (nulls kept) instead of an expression per
+  value: on a typical record it is most of the record (`writer_renders`);
 - unions: the bare value of the branch that is set (spark-avro: a nullable value, or a struct of `member<i>`);
 - strings, enums, map keys: Jackson's escaping, as Python's but for the hex case of `\\u001F`-style escapes, which
-  is turned to Python's lower case;
+  is turned to Python's lower case (`finish_json`, over the whole text, in a projection after the one that builds
+  it);
 - bytes and fixed: ISO-8859-1 strings; decimals: strings, Python's `str(Decimal)` (`1.000E-7` below 1e-6);
 - doubles and floats (as the double fastavro gives): Python's `repr` (shortest digits that read back, `1e+16`,
   `1.5e-05`, `12345678.0`; `python_float`); NaN and infinities become `null`.
@@ -114,21 +117,58 @@ def let(value: Column, body) -> Column:
 
 
 def record_json(schema: dict, record: Column) -> Column:
-    """The JSON text of a top-level record (`__metadata` dropped)."""
-    return _record(schema, record, top=True)
+    """The JSON text of a top-level record (`__metadata` dropped), but for the hex case of control-character escapes
+    Spark's JSON writer made: `finish_json` turns them to Python's, in a projection after this one."""
+    text = _record(schema, record, top=True)
+    return F.replace(F.replace(text, F.lit(_MARK + "{"), F.lit("")), F.lit("}" + _MARK), F.lit(""))
+
+
+# Fields Spark's own JSON writer (`to_json`, nulls kept) renders as json.dumps does: runs of them become one
+# `to_json` of a struct, much cheaper than an expression per value (no lambda over arrays, no test per string).
+# Its text is put between two _MARKs, and `record_json` cuts `{<mark>` and `<mark>}` out of the whole: the run's
+# fields without their braces. A raw \x01 is in no JSON text (JSON escapes control characters).
+_MARK = "\x01"
+_WRITER_OPTIONS = {"ignoreNullFields": "false"}
+_WRITER_KINDS = {"boolean", "int", "long", "string", "enum"}
+
+
+def writer_renders(schema: Any) -> bool:
+    """True when Spark's JSON writer gives this value the text json.dumps gives it (escape case aside)."""
+    kind = _kind(schema)
+    if kind == "union":
+        branches = [branch for branch in schema if _kind(branch) != "null"]
+        if len(branches) == 2 and {_kind(branch) for branch in branches} == {"int", "long"}:
+            return True
+        return len(branches) == 1 and writer_renders(branches[0])
+    if kind == "record":
+        return all(writer_renders(field["type"]) for field in schema["fields"])
+    if kind == "array":
+        return writer_renders(schema["items"])
+    return kind in _WRITER_KINDS
 
 
 def _record(schema: dict, record: Column, top: bool = False) -> Column:
-    parts = []
-    for field in schema["fields"]:
-        if top and field["name"] == METADATA_FIELD:
+    fields = [field for field in schema["fields"] if not (top and field["name"] == METADATA_FIELD)]
+    if not fields:
+        return F.lit("{}")
+    parts: list[Column] = []
+    run: list[str] = []
+
+    def end_run() -> None:
+        if run:
+            struct = F.struct(*[record.getField(name).alias(name) for name in run])
+            parts.extend([F.lit(_MARK), F.to_json(struct, _WRITER_OPTIONS), F.lit(_MARK), F.lit(",")])
+            run.clear()
+
+    for field in fields:
+        if writer_renders(field["type"]):
+            run.append(field["name"])
             continue
-        key = json.dumps(field["name"], ensure_ascii=False) + ":"
-        parts.append(F.lit(key))
+        end_run()
+        parts.append(F.lit(json.dumps(field["name"], ensure_ascii=False) + ":"))
         parts.append(value_json(field["type"], record.getField(field["name"])))
         parts.append(F.lit(","))
-    if not parts:
-        return F.lit("{}")
+    end_run()
     return F.concat(F.lit("{"), *parts[:-1], F.lit("}"))
 
 
@@ -182,20 +222,31 @@ _NEEDS_CASE = "[" + "".join(chr(code) for code in _UPPER_HEX) + "]"
 _ESCAPED = r'[\x00-\x1f"\\]'  # (Java regex) what JSON escapes: control characters, quote, backslash
 
 
+def _lower_hex(quoted: Column) -> Column:
+    """Jackson's `\\u001F`-style escapes in Python's lower case."""
+    for code in _UPPER_HEX:  # an escape only where an even number of backslashes precedes it
+        quoted = F.regexp_replace(quoted, r"(?<!\\)((?:\\\\)*)\\u" + f"{code:04X}", "$1\\\\u" + f"{code:04x}")
+    return quoted
+
+
 def json_string(text: Column) -> Column:
     """A JSON string literal of `text`, escaped as Python's json.dumps(ensure_ascii=False) escapes it."""
     def quote(whole: Column) -> Column:  # '["..."]' -> '"..."'
         return whole.substr(F.lit(2), F.length(whole) - 2)
 
-    def lower_hex(quoted: Column) -> Column:
-        for code in _UPPER_HEX:  # an escape only where an even number of backslashes precedes it
-            quoted = F.regexp_replace(quoted, r"(?<!\\)((?:\\\\)*)\\u" + f"{code:04X}", "$1\\\\u" + f"{code:04x}")
-        return quoted
-
     quoted = let(F.to_json(F.array(text)), quote)
     plain = F.concat(F.lit('"'), text, F.lit('"'))  # most strings: nothing to escape, no JSON writer
     return (F.when(~text.rlike(_ESCAPED), plain)
-            .when(text.rlike(_NEEDS_CASE), lower_hex(quoted)).otherwise(quoted))
+            .when(text.rlike(_NEEDS_CASE), _lower_hex(quoted)).otherwise(quoted))
+
+
+_UPPER_ESCAPE = r"\\u00(0[BEF]|1[A-F])"  # (Java regex) an escape of one of _UPPER_HEX, as Jackson writes it
+
+
+def finish_json(text: Column) -> Column:
+    """`record_json`'s text with Spark's escapes of control characters in Python's hex case. It uses `text` three
+    times: give it a column of a projection before (Spark keeps that projection apart and computes it once)."""
+    return F.when(text.contains("\\u00") & text.rlike(_UPPER_ESCAPE), _lower_hex(text)).otherwise(text)
 
 
 def python_decimal(value: Column, scale: int) -> Column:
