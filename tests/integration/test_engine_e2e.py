@@ -147,7 +147,7 @@ def test_inflight_is_shared_by_all_tasks_and_the_rate_is_capped(broker, spark, t
                           {"slow": {"endpoint": slow.url, "subscriptionPolicy": {"inflightSize": 4}}})
         assert run_once(conf, spark) == 0
     assert len(slow.requests) == 24
-    assert 2 <= slow.peak_concurrency <= 4
+    assert 2 <= slow.peak_concurrency <= 4, f"{slow.peak_concurrency} requests open at once at most"
 
     with ScriptedSubscriber() as fast:
         conf = write_conf(tmp_path / "rate", broker.bootstrap_servers, topic_name,
@@ -156,7 +156,8 @@ def test_inflight_is_shared_by_all_tasks_and_the_rate_is_capped(broker, spark, t
     times = sorted(r.at for r in fast.requests)
     assert len(times) == 24
     busiest_second = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
-    assert busiest_second <= 11  # 10/s for the subscription, over all its tasks (+1 for timer jitter)
+    # 10/s for the subscription, over all its tasks (+1 for timer jitter)
+    assert busiest_second <= 11, f"{busiest_second} in one second; at {[round(t - times[0], 3) for t in times]}"
 
 
 

@@ -226,3 +226,45 @@ def test_a_job_whose_first_write_failed_gives_back_nothing(tmp_path, caplog):
     lease.release()
     assert calls == [True] * WRITE_ATTEMPTS, "release wrote after a failed first write"
     assert "giving the lease back failed" not in caplog.text
+
+
+@pytest.mark.parametrize("engine", ["deltalake", "spark"])
+def test_maintenance_forgets_the_rows_of_leases_that_ended_a_day_ago(engine, tmp_path, request):
+    """A short job leaves three rows; a day after its lease ended (given back, or expired) they go, one commit for
+    all such holders, and the rows of a lease that ended an hour ago or is live stay."""
+    import time
+
+    from herald.storage.lease import forget_ended
+    from herald.storage.maintenance import maintain_tables
+
+    if engine == "spark":
+        from herald.storage.store import DELTA_SPARK_CLASS, SparkDeltaStore
+        from tests.support.herald_env import require_jars
+
+        spark = request.getfixturevalue("spark")
+        require_jars(spark, DELTA_SPARK_CLASS)
+        store = SparkDeltaStore(spark, str(tmp_path / "storage"))
+    else:
+        store = DeltaRsStore(str(tmp_path / "storage"))
+    now_ms = int(time.time() * 1000)
+    day_ago, hour_ago = now_ms - 2 * 86_400_000, now_ms - 3_600_000
+    given_back = _lease(store, clock_ms=lambda: day_ago)
+    given_back.acquire()
+    given_back.release()
+    expired = _lease(store, clock_ms=lambda: day_ago + 1000)  # never given back: its row expired 90 s later
+    expired.acquire()
+    recent = _lease(store, clock_ms=lambda: hour_ago)
+    recent.acquire()
+    recent.release()
+    live = _lease(store)
+    live.acquire()
+    holders = lambda: {row["holder"] for row in store.read(LEASES).to_pylist()}  # noqa: E731
+    assert holders() == {given_back.holder, expired.holder, recent.holder, live.holder}
+    if engine == "spark":
+        assert forget_ended(store, now_ms) == 2
+    else:  # what `herald maintain` and a job's periodic maintenance run
+        maintain_tables(store)
+    assert holders() == {recent.holder, live.holder}
+    assert _holder_rows(store, recent) == [False, True, True] and [h.holder for h in live.live_holders()] == [live.holder]
+    assert forget_ended(store, now_ms) == 0
+    live.release()

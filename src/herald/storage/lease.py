@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from tenacity import Retrying, stop_after_attempt, wait_random_exponential
 
-from herald.storage.store import Slice, TableStore
+from herald.storage.store import Slice, Slices, TableStore
 from herald.storage.tables import LEASES, LEASES_SCHEMA, at_ms, epoch_ms
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,10 @@ RENEW_S = 30.0
 """Every renewal is a commit to the `leases` table (a file, a log entry and, later, a tombstone): at 10 s they were
 a third of a day's storage (tests/benchmarks/README.md, storage_growth). A job on another host whose process died
 holds the path up to `TTL_S`; one on the same host is stale at once."""
+ENDED_KEPT_S = 24 * 3600.0
+"""How long the rows of a lease that ended (given back, or expired) are kept (seconds): a short job leaves three
+rows, and `forget_ended` (run by every maintenance pass) deletes them once they are this old."""
+FORGOTTEN_AT_MOST = 500  # holders whose rows one pass deletes (one commit; the next pass takes the rest)
 SETTLE_S = 0.0  # the least wait between writing one's row and reading the others (seconds)
 WRITE_ATTEMPTS = 5  # tries of each row `acquire` writes
 
@@ -249,6 +253,28 @@ class StorageLease:
                 self._add_retried(self.clock_ms(), released=True)
             except Exception as error:  # noqa: BLE001 - it expires by itself
                 log.warning("giving the lease back failed (it expires in %.0f s): %s", self.ttl_s, error)
+
+
+def forget_ended(store: TableStore, now_ms: int | None = None, kept_s: float = ENDED_KEPT_S) -> int:
+    """Delete the rows of the holders whose lease ended more than `kept_s` seconds ago (their newest row released,
+    or expired); returns how many holders were forgotten. A holder's rows are its own slice, so nothing else goes.
+    A holder that comes back after all (a process stalled for a day) writes its row again at its next renewal."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    newest: dict[str, tuple[tuple[int, bool], dict]] = {}
+    for row in store.read(LEASES).to_pylist():
+        order = (epoch_ms(row["renewed_at"]) or 0, bool(row["released"]))
+        if row["holder"] not in newest or order > newest[row["holder"]][0]:
+            newest[row["holder"]] = (order, row)
+    ended = []
+    for holder, ((renewed_ms, released), row) in newest.items():
+        ended_ms = renewed_ms if released else (epoch_ms(row["expires_at"]) or 0)
+        if ended_ms <= now_ms - int(kept_s * 1000):
+            ended.append(holder)
+    ended = sorted(ended)[:FORGOTTEN_AT_MOST]
+    if ended:
+        store.replace(LEASES, LEASES_SCHEMA.empty_table(), Slices(tuple(Slice(f"lease:{h}", 0) for h in ended)))
+        log.info("forgot %d lease holder(s) whose lease ended more than %.0f h ago", len(ended), kept_s / 3600)
+    return len(ended)
 
 
 def _held_message(store: TableStore, holder: Holder) -> str:

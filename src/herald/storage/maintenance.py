@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from herald.storage.lease import forget_ended
 from herald.storage.store import DEFAULT_RETENTION_HOURS, TableStore, TableUpkeep
 from herald.storage.tables import SCHEMAS
 
@@ -24,9 +25,14 @@ __all__ = ["DEFAULT_RETENTION_HOURS", "MIN_RUNNING_RETENTION_HOURS", "PeriodicMa
 
 def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS,
                     stopping: Callable[[], bool] = lambda: False) -> list[TableUpkeep]:
-    """One pass over every Herald table; a table whose pass fails is logged and skipped. `stopping` is asked
-    before each table: once it says True, no other table's pass starts."""
+    """One pass over every Herald table (old lease rows deleted first, `lease.forget_ended`); a table whose pass
+    fails is logged and skipped. `stopping` is asked before each table: once it says True, no other table's pass
+    starts."""
     results = []
+    try:
+        forget_ended(store)
+    except Exception:  # noqa: BLE001 - the rows stay for the next pass; the tables' upkeep goes on
+        log.warning("old lease rows could not be deleted; they are tried again next time", exc_info=True)
     for table in SCHEMAS:
         if stopping():
             break
