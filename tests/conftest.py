@@ -40,9 +40,10 @@ def pytest_configure(config) -> None:
     """Faster Spark driver JVMs for the whole run (tests/support/jvm_archive.py): set once, before the xdist workers
     start, so that they, their sessions and every `herald run` or spark-submit they start inherit it. A run of the
     unit tests alone builds nothing; SPARK_SUBMIT_OPTS set by the caller is kept."""
-    if hasattr(config, "workerinput") or "SPARK_SUBMIT_OPTS" in os.environ:
+    if hasattr(config, "workerinput") or "SPARK_SUBMIT_OPTS" in os.environ or not config.args \
+            or config.option.help or config.option.collectonly:
         return
-    if config.args and all(Path(arg.split("::")[0]).resolve().is_relative_to(UNIT_TESTS) for arg in config.args):
+    if all(Path(arg.split("::")[0]).resolve().is_relative_to(UNIT_TESTS) for arg in config.args):
         return
     from tests.support.jvm_archive import driver_options
 

@@ -265,6 +265,9 @@ def test_maintenance_forgets_the_rows_of_leases_that_ended_a_day_ago(engine, tmp
     else:  # what `herald maintain` and a job's periodic maintenance run
         maintain_tables(store)
     assert holders() == {recent.holder, live.holder}
-    assert _holder_rows(store, recent) == [False, True, True] and [h.holder for h in live.live_holders()] == [live.holder]
+    assert _holder_rows(store, recent) == [False, True, True]
+    assert [h.holder for h in live.live_holders()] == [live.holder]
     assert forget_ended(store, now_ms) == 0
+    assert forget_ended(store, now_ms + 3 * 86_400_000) == 0, "a clock days ahead counts from the newest row"
+    assert holders() == {recent.holder, live.holder}
     live.release()

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 FAST_START_OPTIONS = ("-XX:TieredStopAtLevel=1", "-Xlog:cds=off,cds+dynamic=off")
+BUILD_TIMEOUT_S = 600.0
 
 # What a test's job does first: a session with the cached jars, Delta tables created, appended to, replaced in and
 # read, and a Python (Arrow) task, so that their classes are in the archive.
@@ -41,34 +43,51 @@ spark.stop()
 """
 
 
+def _java() -> str:
+    """The `java` Spark's launcher runs: JAVA_HOME's, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return str(Path(home) / "bin" / "java") if home else "java"
+
+
 def archive_path() -> Path:
-    """The archive beside the cached jars, named after the Java runtime it was dumped by."""
+    """The archive beside the cached jars, named after what the JVM checks it against: the Java runtime, and the
+    path, size and time of every jar of Spark's class path (a new virtualenv, or another checkout sharing the jar
+    cache, gets its own archive instead of one the JVM would ignore)."""
+    import pyspark
+
     from herald.jars import cache_dir
 
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr
-    return cache_dir() / f"test-driver-{hashlib.sha256(java.encode()).hexdigest()[:8]}.jsa"
+    java = subprocess.run([_java(), "-version"], capture_output=True, text=True, check=False).stderr
+    jars = sorted((Path(pyspark.__file__).resolve().parent / "jars").glob("*.jar"))
+    stamp = "\n".join([java, *(f"{jar}:{jar.stat().st_size}:{jar.stat().st_mtime_ns}" for jar in jars)])
+    return cache_dir() / f"test-driver-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}.jsa"
 
 
 def driver_options() -> str:
     """SPARK_SUBMIT_OPTS for the suite: the archive (built now when missing) and C1; "" when the jars were not
-    fetched or the archive cannot be built (the JVMs then start as they always did)."""
+    fetched or anything here fails (the JVMs then start as they always did, only slower)."""
     from herald.jars import cached_jars
 
-    jars = cached_jars()
-    if not jars:
+    try:
+        jars = cached_jars()
+        if not jars:
+            return ""
+        archive = archive_path()
+        failed = archive.with_suffix(".failed")  # a build that made no archive is not tried at every run
+        if not archive.exists() and not failed.exists():
+            _build(archive, failed, jars)
+    except Exception as error:  # noqa: BLE001 - a faster start is not worth a failed test run
+        print(f"no JVM class archive for the tests: {error!r}", file=sys.stderr)
         return ""
-    archive = archive_path()
-    if not archive.exists():
-        _build(archive, jars)
     options = list(FAST_START_OPTIONS)
     if archive.exists():
         options.insert(0, f"-XX:SharedArchiveFile={archive}")
     return " ".join(options)
 
 
-def _build(archive: Path, jars: list[str]) -> None:
+def _build(archive: Path, failed: Path, jars: list[str]) -> None:
     """Dump the warm-up's classes into `archive` (written under a temporary name, then renamed: two suites
-    starting at once each build one, and the last rename wins)."""
+    starting at once each build one, and the last rename wins); `failed` records a build that made none."""
     import pyspark
 
     spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
@@ -77,11 +96,19 @@ def _build(archive: Path, jars: list[str]) -> None:
         script = Path(work) / "warm_up.py"
         script.write_text(_WARM_UP)
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
-                   SPARK_SUBMIT_OPTS=" ".join((*FAST_START_OPTIONS, f"-XX:ArchiveClassesAtExit={partial}")))
-        result = subprocess.run([str(spark_submit), "--master", "local[2]", "--jars", ",".join(jars), str(script)],
-                                capture_output=True, text=True, env=env, timeout=600, check=False)
-        if result.returncode == 0 and partial.exists():
+                   SPARK_SUBMIT_OPTS=f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial}")
+        build = subprocess.Popen([str(spark_submit), "--master", "local[2]", "--jars", ",".join(jars), str(script)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                 start_new_session=True)
+        try:
+            _, errors = build.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(build.pid, signal.SIGKILL)  # the JVM and the Python driver it started
+            build.communicate()
+            raise
+        if build.returncode == 0 and partial.exists():
             os.replace(partial, archive)
         else:  # the suite runs anyway, only slower: say why
-            print(f"no JVM class archive for the tests (spark-submit exit {result.returncode}):\n"
-                  f"{result.stderr[-2000:]}", file=sys.stderr)
+            failed.write_text(errors[-4000:])
+            print(f"no JVM class archive for the tests (spark-submit exit {build.returncode}; {failed}):\n"
+                  f"{errors[-2000:]}", file=sys.stderr)

@@ -114,7 +114,8 @@ def cmd_retransmit(args) -> int:
 
 MAINTAIN_LEASE_S = 900.0
 """How long `herald maintain` under an hour's retention holds the storage path's lease (seconds); it is not renewed,
-so that no lease row is written while files are deleted (a write in progress could lose its new file)."""
+so that no lease row is written while files are deleted (a write in progress could lose its new file; old holders'
+rows are deleted before the first table's pass, `lease.forget_ended`)."""
 MAINTAIN_TABLE_S = 300.0
 """Time left on that lease (seconds) below which no other table's pass starts (delta-rs: seconds a table)."""
 

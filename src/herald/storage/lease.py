@@ -258,13 +258,18 @@ class StorageLease:
 def forget_ended(store: TableStore, now_ms: int | None = None, kept_s: float = ENDED_KEPT_S) -> int:
     """Delete the rows of the holders whose lease ended more than `kept_s` seconds ago (their newest row released,
     or expired); returns how many holders were forgotten. A holder's rows are its own slice, so nothing else goes.
-    A holder that comes back after all (a process stalled for a day) writes its row again at its next renewal."""
+    A holder that comes back after all (a process stalled for a day) writes its row again at its next renewal.
+
+    "Ago" is counted from `now_ms` or the newest row's `renewed_at`, whichever is earlier: a clock a day ahead
+    (a laptop running `herald maintain`) must not make a live job's rows look old."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     newest: dict[str, tuple[tuple[int, bool], dict]] = {}
     for row in store.read(LEASES).to_pylist():
         order = (epoch_ms(row["renewed_at"]) or 0, bool(row["released"]))
         if row["holder"] not in newest or order > newest[row["holder"]][0]:
             newest[row["holder"]] = (order, row)
+    if newest:
+        now_ms = min(now_ms, max(renewed_ms for (renewed_ms, _), _ in newest.values()))
     ended = []
     for holder, ((renewed_ms, released), row) in newest.items():
         ended_ms = renewed_ms if released else (epoch_ms(row["expires_at"]) or 0)
