@@ -116,9 +116,11 @@ def kafka_broker(tmp_path_factory):
 def spark():
     """A real local SparkSession with two cores, as CI has."""
     from herald.session import get_or_create_session
+    from tests.support.jvm_archive import for_a_long_lived_driver
 
     os.environ.setdefault("HERALD_TEST", "1")
-    session = get_or_create_session("local[2]", {"spark.sql.shuffle.partitions": "2"}, app_name="herald-tests")
+    with for_a_long_lived_driver():
+        session = get_or_create_session("local[2]", {"spark.sql.shuffle.partitions": "2"}, app_name="herald-tests")
     yield session
     session.stop()
 

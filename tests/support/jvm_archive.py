@@ -3,13 +3,14 @@
 Every `herald run` a test starts as a process of its own (kill -9, Ctrl-C, spark-submit) starts a new Spark driver
 JVM, which loads and compiles Spark's and delta-spark's classes again: on 2 cores a new session with its first
 Delta commits took 35-38 s, of which 22 s with an archive of those classes (`-XX:SharedArchiveFile`, JDK 13+) and the
-JIT's first tier only (`-XX:TieredStopAtLevel=1`: the tests' data is small, C2's compile time is not paid back).
-Measured in tests/benchmarks/README.md ("Test suite JVM start").
+JIT's first tier only (`-XX:TieredStopAtLevel=1`: the tests' data is small, C2's compile time is not paid back; not
+for the test workers' own sessions, which live for the whole run: `for_a_long_lived_driver`).
+Measured in tests/benchmarks/README.md (`jvm_start.py`).
 
 The options reach every driver JVM the tests start through SPARK_SUBMIT_OPTS, which spark-submit (and so PySpark's
-own gateway launch) adds to the driver's command line, not to its launcher's. The archive is built once per cache
-directory of jars (so per Spark, Delta and Java version) by a spark-submit run of `_WARM_UP` that dumps the classes it
-loaded at exit. A JVM whose class path differs from the archive's ignores it and starts as before; its CDS warning
+own gateway launch) adds to the driver's command line, not to its launcher's. The archive is built once per Java
+runtime and set of Spark jars (`archive_path`) by a spark-submit run of `_WARM_UP` that dumps the classes it loaded
+at exit. A JVM whose class path differs from the archive's ignores it and starts as before; its CDS warning
 is silenced. Users' jobs get none of this: it is the suite's, set in tests/conftest.py.
 """
 
@@ -21,9 +22,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
-FAST_START_OPTIONS = ("-XX:TieredStopAtLevel=1", "-Xlog:cds=off,cds+dynamic=off")
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+FAST_START_OPTIONS = (C1_ONLY, "-Xlog:cds=off,cds+dynamic=off")
 BUILD_TIMEOUT_S = 600.0
 
 # What a test's job does first: a session with the cached jars, Delta tables created, appended to, replaced in and
@@ -41,6 +44,20 @@ spark.read.format("delta").load(table).mapInArrow(lambda batches: batches, "i in
 spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()
 spark.stop()
 """
+
+
+@contextmanager
+def for_a_long_lived_driver():
+    """SPARK_SUBMIT_OPTS without C1 while a driver that lives for the whole run starts (a test worker's session):
+    its hot code runs for many minutes, where the full JIT pays back; the archive still speeds its start."""
+    options = os.environ.get("SPARK_SUBMIT_OPTS")
+    if options is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = " ".join(o for o in options.split() if o != C1_ONLY)
+    try:
+        yield
+    finally:
+        if options is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] = options
 
 
 def _java() -> str:
