@@ -19,7 +19,8 @@ make both think they are first: every renewal checks again, so one of them stops
 
 Rows are appended (on delta-spark an append costs a tenth of a replace, which rebuilds the table's state to
 delete): the released row and the live one, and at the end the release. A renewal replaces the holder's rows
-with one, so a job that runs for long keeps one row. (A Herald older than this reads a holder's rows one by one:
+with one, so a job that runs for long keeps one row. Every maintenance pass deletes the rows of holders whose
+lease ended more than a day before (`forget_ended`). (A Herald older than this reads a holder's rows one by one:
 after such a release it counts the job as live until its lease expires, or until it sees the process gone.)
 
 A lease whose holder ran on this host, in the same boot and PID namespace, and whose process is gone (kill -9)
