@@ -141,11 +141,7 @@ class StorageLease:
 
     def _live(self) -> list[Holder]:
         now = self.clock_ms()
-        newest: dict[str, tuple[tuple[int, bool], dict]] = {}  # holder: ((renewed_at, released), its newest row)
-        for row in self.store.read(LEASES).to_pylist():
-            order = (epoch_ms(row["renewed_at"]) or 0, bool(row["released"]))
-            if row["holder"] not in newest or order > newest[row["holder"]][0]:
-                newest[row["holder"]] = (order, row)
+        newest = _newest_rows(self.store)
         holders = []
         for _, row in newest.values():
             holder = Holder(row["holder"], row["host"], row["pid"], epoch_ms(row["acquired_at"]),
@@ -256,6 +252,16 @@ class StorageLease:
                 log.warning("giving the lease back failed (it expires in %.0f s): %s", self.ttl_s, error)
 
 
+def _newest_rows(store: TableStore) -> dict[str, tuple[tuple[int, bool], dict]]:
+    """holder -> ((renewed_at ms, released), its newest row): where each holder stands (a released row wins a tie)."""
+    newest: dict[str, tuple[tuple[int, bool], dict]] = {}
+    for row in store.read(LEASES).to_pylist():
+        order = (epoch_ms(row["renewed_at"]) or 0, bool(row["released"]))
+        if row["holder"] not in newest or order > newest[row["holder"]][0]:
+            newest[row["holder"]] = (order, row)
+    return newest
+
+
 def forget_ended(store: TableStore, now_ms: int | None = None, kept_s: float = ENDED_KEPT_S) -> int:
     """Delete the rows of the holders whose lease ended more than `kept_s` seconds ago (their newest row released,
     or expired); returns how many holders were forgotten. A holder's rows are its own slice, so nothing else goes.
@@ -264,11 +270,7 @@ def forget_ended(store: TableStore, now_ms: int | None = None, kept_s: float = E
     "Ago" is counted from `now_ms` or the newest row's `renewed_at`, whichever is earlier: a clock a day ahead
     (a laptop running `herald maintain`) must not make a live job's rows look old."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    newest: dict[str, tuple[tuple[int, bool], dict]] = {}
-    for row in store.read(LEASES).to_pylist():
-        order = (epoch_ms(row["renewed_at"]) or 0, bool(row["released"]))
-        if row["holder"] not in newest or order > newest[row["holder"]][0]:
-            newest[row["holder"]] = (order, row)
+    newest = _newest_rows(store)
     if newest:
         now_ms = min(now_ms, max(renewed_ms for (renewed_ms, _), _ in newest.values()))
     ended = []
