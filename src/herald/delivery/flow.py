@@ -1,6 +1,8 @@
 """Flow control: a hard rate cap, and an adaptive controller that matches a struggling subscriber.
 
-`RateCap` spaces attempts at least 1/rate seconds apart, so no second holds more than `rate` attempts.
+`RateCap` spaces a task's attempts at least 1/rate seconds apart (rate: the task's share). The tasks of a round
+that share a subscription's rate also take turns (`Turns`): each gives permits only inside slots of its own, so
+two tasks never start their first attempts at once and no 1/rate slot of the subscription's holds two permits.
 
 `FlowController` sets the rate below that cap, after Hermes' output rate calculator and NSQ's backoff:
 
@@ -20,6 +22,7 @@ All durations are seconds, all rates attempts per second.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 
@@ -72,28 +75,78 @@ class FlowState:
         return FlowState(mode, rate, max(state.next_permit_ms for state in task_states))
 
 
+@dataclass(frozen=True)
+class Turns:
+    """Task `turn` of `tasks` that share a subscription's rate. Time is cut into slots `slot_s` seconds long
+    (1 / the subscription's whole rate), numbered from the wall clock's epoch so that every task of a round cuts
+    it alike (up to the executors' clock skew); the task owns the slots whose number is `turn` modulo `tasks`.
+
+    origin: where slot `origin_index` starts, on the cap's clock (monotonic seconds). Kept near the present so
+    that the arithmetic stays exact to well under a microsecond.
+    """
+
+    slot_s: float
+    tasks: int
+    turn: int
+    origin: float
+    origin_index: int
+
+    @staticmethod
+    def at(slot_s: float, tasks: int, turn: int, now_s: float, now_ms: int) -> Turns:
+        """The turns of task `turn`, for a task whose clocks read `now_s` (monotonic s) and `now_ms` (epoch ms)."""
+        index = math.floor(now_ms / 1000 / slot_s)
+        into_slot_s = now_ms / 1000 - index * slot_s  # in [0, slot_s), up to rounding
+        return Turns(slot_s, tasks, turn % tasks, now_s - into_slot_s, index)
+
+    def slot_start(self, now: float) -> float:
+        """Where the slot holding `now` began."""
+        return self.origin + math.floor((now - self.origin) / self.slot_s) * self.slot_s
+
+    def wait(self, now: float) -> float:
+        """Seconds from `now` until a slot of this task's begins; 0.0 inside one."""
+        slots = math.floor((now - self.origin) / self.slot_s)
+        ahead = (self.turn - self.origin_index - slots) % self.tasks
+        if ahead == 0:
+            return 0.0
+        return max(self.origin + (slots + ahead) * self.slot_s - now, 1e-6)  # rounding never returns 0 early
+
+
 class RateCap:
     """Paces permits at least `1 / rate_per_s` seconds apart (no bursts), on an injectable clock.
 
     next_free: the first moment (same clock as `now`) a permit may be given, carried over from earlier work.
+    turns: when several tasks share the subscription's rate, this task's slots: a permit is given inside one only,
+    one per slot.
     """
 
-    def __init__(self, rate_per_s: float, next_free: float = float("-inf")) -> None:
+    def __init__(self, rate_per_s: float, next_free: float = float("-inf"), turns: Turns | None = None) -> None:
         self._interval_s = 1.0 / rate_per_s
         self._next_free = next_free
+        self._turns = turns
 
     @property
     def next_free(self) -> float:
+        """The first moment the spacing allows a permit (the moment carried to later rounds)."""
         return self._next_free
 
     def set_rate(self, rate_per_s: float) -> None:
         self._interval_s = 1.0 / rate_per_s
 
+    def wait(self, now: float) -> float:
+        """Seconds until a permit may be given (0.0: now)."""
+        spacing_s = max(0.0, self._next_free - now)
+        if self._turns is None:
+            return spacing_s
+        return spacing_s + self._turns.wait(now + spacing_s)
+
     def try_acquire(self, now: float) -> float:
         """Take a permit and return 0.0, or return the seconds to wait before one is free (nothing taken)."""
-        if now < self._next_free:
-            return self._next_free - now
-        self._next_free = now + self._interval_s
+        wait_s = self.wait(now)
+        if wait_s > 0:
+            return wait_s
+        # Taking turns, the spacing counts from the slot's start: a permit given late in its slot does not push
+        # the next one out of the task's next slot (lateness would add up until a whole turn is lost).
+        self._next_free = (now if self._turns is None else self._turns.slot_start(now)) + self._interval_s
         return 0.0
 
 

@@ -55,6 +55,8 @@ class LanePlan:
         what parked retries hold); each task takes its share (`share`), so the sum never exceeds it. A task
         whose share is 0 takes nothing new for the subscription.
     rate_per_s: the round's share of the subscription's hard rate cap, attempts per second, split evenly.
+    rate_tasks / rate_turn: how many tasks split the rate, and which of them this is: the tasks take turns
+        (`herald.delivery.flow.Turns`), so their permits never bunch up.
     request_timeout_s / socket_timeout_s: total and idle limits of one attempt (socket 0 = none).
     sending_delay_s: a message is not attempted before its publish time plus this delay.
     avro: an AVRO delivery: the Avro binary is sent, with Schema-Id / Schema-Version when known.
@@ -108,6 +110,8 @@ class LanePlan:
     pin: PinPlan | None
     pending: int
     departed: int = 0
+    rate_tasks: int = 1
+    rate_turn: int = 0
 
     @property
     def tracks_all(self) -> bool:
@@ -126,7 +130,8 @@ class LanePlan:
         targets = tuple(replace(target, min_inflight=-(-target.min_inflight // tasks))
                         if target.min_inflight is not None else target for target in self.targets)
         return replace(self, inflight=inflight, rate_per_s=self.rate_per_s / tasks, flow_settings=settings,
-                       flow_state=self.flow_state.share(tasks), targets=targets)
+                       flow_state=self.flow_state.share(tasks), targets=targets, rate_tasks=tasks,
+                       rate_turn=task_index)
 
 
 @dataclass(frozen=True)
