@@ -30,27 +30,33 @@ def test_rate_cap_reports_the_wait_without_taking_a_permit():
     assert cap.try_acquire(0.25) == 0.0
 
 
-EPOCH_MS = 1_795_000_000_123  # a wall-clock moment the simulated round starts at
+EPOCH_MS = 1_795_000_000_123  # a wall-clock moment the simulated rounds start at
 
 
 def share_the_rate(rate: float, tasks: int, seconds: float, ready_at_s: float = 0.0, taking_turns: bool = True,
-                   step_ms: int = 1) -> list[float]:
-    """Every permit `tasks` tasks take when they split `rate` and always have an attempt ready from `ready_at_s`:
-    the permits' moments, seconds after the round's start. Each task has its own monotonic clock (offset from
-    the others', as on separate executors) and cuts the slots from the wall clock, as `Lane` does."""
-    caps = []
-    for task in range(tasks):
-        clock_offset_s = 1000.0 * task + 0.37 * task  # monotonic = wall - offset
-        turns = Turns.at(1.0 / rate, tasks, task, EPOCH_MS / 1000 - clock_offset_s, EPOCH_MS) if taking_turns else None
-        caps.append((RateCap(rate / tasks, turns=turns), clock_offset_s))
-    permits = []
-    for step in range(int(seconds * 1000 / step_ms)):
-        wall_ms = EPOCH_MS + step * step_ms
-        if step * step_ms < ready_at_s * 1000:
-            continue
-        for cap, offset_s in caps:
-            if cap.try_acquire(wall_ms / 1000 - offset_s) == 0.0:
-                permits.append((wall_ms - EPOCH_MS) / 1000)
+                   step_ms: int = 1, rounds: int = 1, task_rate: float | None = None) -> list[float]:
+    """Every permit `tasks` tasks take when they split `rate` (each at `task_rate`, its share by default) and
+    always have an attempt ready from `ready_at_s`: the permits' moments, seconds after the first round's start.
+    `rounds` rounds of `seconds` each follow one another; each starts from the latest moment its tasks carried, as
+    the driver combines them. Each task has its own monotonic clock (offset from the others', as on separate
+    executors) and cuts the slots from the wall clock, as `Lane` does."""
+    permits, carried_wall_s, step = [], float("-inf"), 0
+    for _ in range(rounds):
+        caps = []
+        for task in range(tasks):
+            offset_s = 1000.0 * task + 0.37 * task  # monotonic = wall - offset
+            now_ms = EPOCH_MS + step * step_ms
+            turns = Turns.at(1.0 / rate, tasks, task, now_ms / 1000 - offset_s, now_ms) if taking_turns else None
+            caps.append((RateCap(task_rate or rate / tasks, carried_wall_s - offset_s, turns), offset_s))
+        for _ in range(int(seconds * 1000 / step_ms)):
+            wall_ms = EPOCH_MS + step * step_ms
+            step += 1
+            if wall_ms - EPOCH_MS < ready_at_s * 1000:
+                continue
+            for cap, offset_s in caps:
+                if cap.try_acquire(wall_ms / 1000 - offset_s) == 0.0:
+                    permits.append((wall_ms - EPOCH_MS) / 1000)
+        carried_wall_s = max(cap.carried + offset_s for cap, offset_s in caps)
     return sorted(permits)
 
 
@@ -59,15 +65,22 @@ def most_in_a_second(permits: list[float]) -> int:
     return max(sum(1 for other in permits if start <= other < start + 1.0 - 1e-9) for start in permits)
 
 
+def slots_used_twice(permits: list[float], rate: float) -> int:
+    """Pairs of permits in one 1/rate slot of the subscription's. A permit on a slot's very boundary counts in
+    either slot (the tasks' rounding decides which)."""
+    def slot(at: float, rounding: float) -> int:
+        return math.floor((EPOCH_MS / 1000 + at) * rate + rounding)
+
+    ordered = sorted(permits)
+    return sum(1 for a, b in zip(ordered, ordered[1:])
+               if slot(a, 1e-3) == slot(b, 1e-3) and slot(a, -1e-3) == slot(b, -1e-3))
+
+
 def test_tasks_sharing_a_rate_take_turns_instead_of_starting_together():
     permits = share_the_rate(10, tasks=16, seconds=5)
     assert sum(1 for at in permits if at == permits[0]) == 1  # one task first, not all 16 at once
-    assert most_in_a_second(permits) <= 11
-    slots = [math.floor((EPOCH_MS / 1000 + at) * 10 + 1e-6) for at in permits]
-    assert len(slots) == len(set(slots)), "two permits in one 1/rate slot of the subscription's"
-    assert len(permits) >= 10 * 5 - 16  # the whole rate is used once every task had its turn
-    fast = share_the_rate(400, tasks=2, seconds=3)  # slots of 2.5 ms: permits a little late never lose a turn
-    assert len(fast) >= 400 * 3 - 1 and most_in_a_second(fast) <= 401
+    assert most_in_a_second(permits) <= 11 and slots_used_twice(permits, 10) == 0
+    assert len(permits) >= 10 * 5 - 1  # the whole rate is used
     untaken = share_the_rate(10, tasks=16, seconds=5, taking_turns=False)  # what each task's own cap allows
     assert sum(1 for at in untaken if at == 0.0) == 16 and most_in_a_second(untaken) == 16
 
@@ -77,9 +90,7 @@ def test_turns_hold_when_every_task_becomes_ready_at_the_same_moment():
     at once still go one slot after another."""
     permits = share_the_rate(8, tasks=4, seconds=4, ready_at_s=0.5)
     assert permits[0] >= 0.5 and sum(1 for at in permits if at < 0.5 + 1 / 8) <= 2
-    slots = [math.floor((EPOCH_MS / 1000 + at) * 8 + 1e-6) for at in permits]
-    assert len(slots) == len(set(slots))
-    assert most_in_a_second(permits) <= 9
+    assert slots_used_twice(permits, 8) == 0 and most_in_a_second(permits) <= 9
     assert sum(1 for at in share_the_rate(8, tasks=4, seconds=4, ready_at_s=0.5, taking_turns=False)
                if at == 0.5) == 4
 
@@ -89,13 +100,32 @@ def test_a_rate_that_does_not_divide_evenly_stays_within_one_of_it():
     assert most_in_a_second(share_the_rate(10, tasks=3, seconds=4, taking_turns=False)) == 12
 
 
+def test_rounds_one_after_another_go_on_from_the_slot_the_last_one_left():
+    """Each round carries the subscription's next slot: short rounds keep the whole rate, and no slot is used
+    twice across a round boundary."""
+    permits = share_the_rate(10, tasks=16, seconds=2, rounds=5)
+    assert slots_used_twice(permits, 10) == 0 and most_in_a_second(permits) <= 11
+    assert len(permits) >= 10 * 10 - 2
+
+
+def test_a_task_slowed_below_its_share_keeps_its_own_rate_while_taking_turns():
+    """The adaptive controller's rate holds on average: a wait for the task's turn does not shift its schedule."""
+    alone = share_the_rate(10, tasks=4, seconds=30, task_rate=2.0)  # each of 4 tasks at 2/s, share 2.5/s
+    assert 4 * 2.0 * 30 - 4 <= len(alone) <= 4 * 2.0 * 30 + 4
+    assert slots_used_twice(alone, 10) == 0
+    slowed = share_the_rate(10, tasks=2, seconds=30, task_rate=4.0)  # 0.8 of the share
+    assert 2 * 4.0 * 30 - 2 <= len(slowed) <= 2 * 4.0 * 30 + 2
+
+
 def test_a_task_waiting_for_its_turn_takes_nothing_and_moves_no_carried_permit():
     turns = Turns.at(0.1, tasks=4, turn=3, now_s=50.0, now_ms=1_000_000)  # slot 10,000 starts now: turn 0's
-    cap = RateCap(2.0, next_free=49.0, turns=turns)  # its controller slowed it below its share (2.5/s)
+    cap = RateCap(2.5, next_free=49.0, turns=turns)
     assert cap.wait(50.0) == pytest.approx(0.3)
-    assert cap.try_acquire(50.0) == pytest.approx(0.3) and cap.next_free == 49.0
-    assert cap.try_acquire(50.31) == 0.0 and cap.next_free == pytest.approx(50.8)  # spaced from its slot's start
-    assert cap.try_acquire(50.81) == pytest.approx(0.29)  # its slot 50.7-50.8 is gone; the next is at 51.1
+    assert cap.try_acquire(50.0) == pytest.approx(0.3) and cap.next_free == 49.0 and cap.carried == 49.0
+    assert cap.try_acquire(50.31) == 0.0
+    assert cap.carried == pytest.approx(50.4)  # the subscription's next slot
+    assert cap.try_acquire(50.35) == pytest.approx(0.35)  # never two in one slot: its next turn is at 50.7
+    assert cap.try_acquire(50.7) == 0.0
 
 
 def test_every_task_cuts_the_same_slots_whatever_its_monotonic_clock():

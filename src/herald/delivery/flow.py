@@ -1,8 +1,9 @@
 """Flow control: a hard rate cap, and an adaptive controller that matches a struggling subscriber.
 
-`RateCap` spaces a task's attempts at least 1/rate seconds apart (rate: the task's share). The tasks of a round
-that share a subscription's rate also take turns (`Turns`): each gives permits only inside slots of its own, so
-two tasks never start their first attempts at once and no 1/rate slot of the subscription's holds two permits.
+`RateCap` spaces a task's attempts 1/rate seconds apart (rate: the task's share). The tasks of a round that share
+a subscription's rate of at most 100 a second also take turns (`Turns`): each gives permits only inside slots of
+its own, so two tasks never start their first attempts at once and no 1/rate slot of the subscription's holds
+two permits.
 
 `FlowController` sets the rate below that cap, after Hermes' output rate calculator and NSQ's backoff:
 
@@ -75,14 +76,20 @@ class FlowState:
         return FlowState(mode, rate, max(state.next_permit_ms for state in task_states))
 
 
+MIN_TURN_SLOT_S = 0.01
+"""Tasks take turns only when the subscription's slots are at least this long (rates up to 100 a second): a
+shorter slot is missed by an ordinary late wake-up, and n requests at once are little against such a rate."""
+
+
 @dataclass(frozen=True)
 class Turns:
     """Task `turn` of `tasks` that share a subscription's rate. Time is cut into slots `slot_s` seconds long
     (1 / the subscription's whole rate), numbered from the wall clock's epoch so that every task of a round cuts
-    it alike (up to the executors' clock skew); the task owns the slots whose number is `turn` modulo `tasks`.
+    it alike (up to a millisecond, and the executors' clock skew); the task owns the slots whose number is `turn`
+    modulo `tasks`.
 
-    origin: where slot `origin_index` starts, on the cap's clock (monotonic seconds). Kept near the present so
-    that the arithmetic stays exact to well under a microsecond.
+    origin: where slot `origin_index` starts, on the cap's clock (monotonic seconds). Slots are counted from it,
+    so that the arithmetic stays exact to well under a microsecond.
     """
 
     slot_s: float
@@ -98,36 +105,58 @@ class Turns:
         into_slot_s = now_ms / 1000 - index * slot_s  # in [0, slot_s), up to rounding
         return Turns(slot_s, tasks, turn % tasks, now_s - into_slot_s, index)
 
-    def slot_start(self, now: float) -> float:
-        """Where the slot holding `now` began."""
-        return self.origin + math.floor((now - self.origin) / self.slot_s) * self.slot_s
+    @property
+    def cycle_s(self) -> float:
+        """Seconds from one of the task's slots to its next."""
+        return self.slot_s * self.tasks
 
-    def wait(self, now: float) -> float:
-        """Seconds from `now` until a slot of this task's begins; 0.0 inside one."""
-        slots = math.floor((now - self.origin) / self.slot_s)
-        ahead = (self.turn - self.origin_index - slots) % self.tasks
+    def slot(self, now: float) -> int:
+        """The slot holding `now`, counted from `origin`. A moment within a microsecond of a slot's start is in
+        that slot: slots start where earlier rounds said the next permit is free, and rounding must not put
+        that moment at the end of the slot before."""
+        return math.floor((now - self.origin + 1e-6) / self.slot_s)
+
+    def start(self, slot: int) -> float:
+        return self.origin + slot * self.slot_s
+
+    def wait(self, now: float, used: int | None = None) -> float:
+        """Seconds from `now` until a slot of this task's begins, other than `used`; 0.0 inside one."""
+        slot = self.slot(now)
+        ahead = (self.turn - self.origin_index - slot) % self.tasks
+        if ahead == 0 and slot == used:
+            ahead = self.tasks
         if ahead == 0:
             return 0.0
-        return max(self.origin + (slots + ahead) * self.slot_s - now, 1e-6)  # rounding never returns 0 early
+        return max(self.start(slot + ahead) - now, 1e-6)  # rounding never returns 0 early
 
 
 class RateCap:
-    """Paces permits at least `1 / rate_per_s` seconds apart (no bursts), on an injectable clock.
+    """Paces permits `1 / rate_per_s` seconds apart on average (no bursts), on an injectable clock.
 
     next_free: the first moment (same clock as `now`) a permit may be given, carried over from earlier work.
     turns: when several tasks share the subscription's rate, this task's slots: a permit is given inside one only,
-    one per slot.
+    one per slot. Its schedule then keeps its pace through a wait for its turn: the next permit is due an
+    interval after the one before was due (not after it was given), as long as that was less than a cycle ago.
     """
 
     def __init__(self, rate_per_s: float, next_free: float = float("-inf"), turns: Turns | None = None) -> None:
         self._interval_s = 1.0 / rate_per_s
         self._next_free = next_free
         self._turns = turns
+        self._used: int | None = None  # taking turns: the slot of the last permit
+        self._carried = next_free
 
     @property
     def next_free(self) -> float:
-        """The first moment the spacing allows a permit (the moment carried to later rounds)."""
+        """The first moment the spacing allows a permit."""
         return self._next_free
+
+    @property
+    def carried(self) -> float:
+        """Where later rounds start from (same clock): alone, `next_free`; taking turns, the subscription's next
+        slot at this task's rate (the last permit's slot + interval / tasks), so that a later round uses the
+        slots this one left; with no permit given, what the cap was given."""
+        return self._carried
 
     def set_rate(self, rate_per_s: float) -> None:
         self._interval_s = 1.0 / rate_per_s
@@ -137,16 +166,21 @@ class RateCap:
         spacing_s = max(0.0, self._next_free - now)
         if self._turns is None:
             return spacing_s
-        return spacing_s + self._turns.wait(now + spacing_s)
+        return spacing_s + self._turns.wait(now + spacing_s, self._used)
 
     def try_acquire(self, now: float) -> float:
         """Take a permit and return 0.0, or return the seconds to wait before one is free (nothing taken)."""
         wait_s = self.wait(now)
         if wait_s > 0:
             return wait_s
-        # Taking turns, the spacing counts from the slot's start: a permit given late in its slot does not push
-        # the next one out of the task's next slot (lateness would add up until a whole turn is lost).
-        self._next_free = (now if self._turns is None else self._turns.slot_start(now)) + self._interval_s
+        turns = self._turns
+        if turns is None:
+            self._next_free = now + self._interval_s
+            self._carried = self._next_free
+            return 0.0
+        self._next_free = max(self._next_free, now - turns.cycle_s) + self._interval_s
+        self._used = turns.slot(now)
+        self._carried = turns.start(self._used) + self._interval_s / turns.tasks
         return 0.0
 
 
