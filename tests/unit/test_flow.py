@@ -38,15 +38,16 @@ def share_the_rate(rate: float, tasks: int, seconds: float, ready_at_s: float = 
     """Every permit `tasks` tasks take when they split `rate` (each at `task_rate`, its share by default) and
     always have an attempt ready from `ready_at_s`: the permits' moments, seconds after the first round's start.
     `rounds` rounds of `seconds` each follow one another; each starts from the latest moment its tasks carried, as
-    the driver combines them. Each task has its own monotonic clock (offset from the others', as on separate
-    executors) and cuts the slots from the wall clock, as `Lane` does."""
+    the driver combines them (in whole epoch ms, rounded up). Each task has its own monotonic clock (offset from
+    the others', as on separate executors) and cuts the slots from the wall clock, as `Lane` does."""
     permits, carried_wall_s, step = [], float("-inf"), 0
     for _ in range(rounds):
         caps = []
         for task in range(tasks):
             offset_s = 1000.0 * task + 0.37 * task  # monotonic = wall - offset
             now_ms = EPOCH_MS + step * step_ms
-            turns = Turns.at(1.0 / rate, tasks, task, now_ms / 1000 - offset_s, now_ms) if taking_turns else None
+            whole_rate = (task_rate or rate / tasks) * tasks  # as `Lane`: the slots at the rate the lanes start at
+            turns = Turns.at(1.0 / whole_rate, tasks, task, now_ms / 1000 - offset_s, now_ms) if taking_turns else None
             caps.append((RateCap(task_rate or rate / tasks, carried_wall_s - offset_s, turns), offset_s))
         for _ in range(int(seconds * 1000 / step_ms)):
             wall_ms = EPOCH_MS + step * step_ms
@@ -56,7 +57,7 @@ def share_the_rate(rate: float, tasks: int, seconds: float, ready_at_s: float = 
             for cap, offset_s in caps:
                 if cap.try_acquire(wall_ms / 1000 - offset_s) == 0.0:
                     permits.append((wall_ms - EPOCH_MS) / 1000)
-        carried_wall_s = max(cap.carried + offset_s for cap, offset_s in caps)
+        carried_wall_s = math.ceil(max(cap.carried + offset_s for cap, offset_s in caps) * 1000) / 1000  # epoch ms
     return sorted(permits)
 
 
@@ -108,20 +109,39 @@ def test_rounds_one_after_another_go_on_from_the_slot_the_last_one_left():
     assert len(permits) >= 10 * 10 - 2
 
 
-def test_a_task_slowed_below_its_share_keeps_its_own_rate_while_taking_turns():
-    """The adaptive controller's rate holds on average: a wait for the task's turn does not shift its schedule."""
-    alone = share_the_rate(10, tasks=4, seconds=30, task_rate=2.0)  # each of 4 tasks at 2/s, share 2.5/s
-    assert 4 * 2.0 * 30 - 4 <= len(alone) <= 4 * 2.0 * 30 + 4
-    assert slots_used_twice(alone, 10) == 0
-    slowed = share_the_rate(10, tasks=2, seconds=30, task_rate=4.0)  # 0.8 of the share
-    assert 2 * 4.0 * 30 - 2 <= len(slowed) <= 2 * 4.0 * 30 + 2
+def test_slowed_tasks_keep_their_rate_across_rounds_too():
+    """A round's first permits are spaced at the lanes' own rate, not at the turns' (the full rate): short rounds
+    of a slowed subscription do not each open with a burst."""
+    half = share_the_rate(10, tasks=16, seconds=1, rounds=20, task_rate=0.5 * 10 / 16)  # 0.5 of the rate
+    assert len(half) <= 0.5 * 10 * 20 + 2, f"{len(half)} permits in 20 s at 5/s"
+    assert len(half) >= 0.5 * 10 * 20 - 3
+    probes = share_the_rate(10, tasks=8, seconds=10, rounds=60, task_rate=1 / (60 * 8), step_ms=10)
+    assert len(probes) <= 600 / 60 + 1, f"{len(probes)} heartbeat probes in 600 s, one a minute allowed"
+
+
+def test_slots_are_never_reused_across_rounds_when_a_slot_is_not_whole_milliseconds():
+    permits = share_the_rate(7, tasks=3, seconds=1, rounds=50)
+    assert slots_used_twice(permits, 7) == 0 and most_in_a_second(permits) <= 8
+
+
+def test_a_task_slowed_in_the_round_keeps_its_own_rate_while_taking_turns():
+    """The slots are cut at the rate the round starts at; when the adaptive controller slows a task in the round,
+    its rate holds on average: a wait for its turn does not shift its schedule, and it never snaps to a whole
+    number of cycles."""
+    for tasks, slowed_to in ((4, 2.0), (2, 4.0), (4, 2.4)):  # shares of 10/s: 2.5 and 5
+        caps = [RateCap(10 / tasks, turns=Turns.at(0.1, tasks, turn, 0.0, EPOCH_MS)) for turn in range(tasks)]
+        for cap in caps:
+            cap.set_rate(slowed_to)
+        permits = [step / 1000 for step in range(30_000) for cap in caps if cap.try_acquire(step / 1000) == 0.0]
+        assert abs(len(permits) - tasks * slowed_to * 30) <= tasks, (tasks, slowed_to, len(permits))
+        assert slots_used_twice(permits, 10) == 0
 
 
 def test_a_task_waiting_for_its_turn_takes_nothing_and_moves_no_carried_permit():
     turns = Turns.at(0.1, tasks=4, turn=3, now_s=50.0, now_ms=1_000_000)  # slot 10,000 starts now: turn 0's
     cap = RateCap(2.5, next_free=49.0, turns=turns)
     assert cap.wait(50.0) == pytest.approx(0.3)
-    assert cap.try_acquire(50.0) == pytest.approx(0.3) and cap.next_free == 49.0 and cap.carried == 49.0
+    assert cap.try_acquire(50.0) == pytest.approx(0.3) and cap.carried == 49.0 and cap.next_free == 49.0
     assert cap.try_acquire(50.31) == 0.0
     assert cap.carried == pytest.approx(50.4)  # the subscription's next slot
     assert cap.try_acquire(50.35) == pytest.approx(0.35)  # never two in one slot: its next turn is at 50.7

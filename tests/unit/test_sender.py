@@ -298,21 +298,24 @@ def test_a_lane_slowed_to_probes_settles_early_in_the_shared_query_and_the_other
     assert clock.now - 1000.0 < 2.0, "the round ended long before its 10 s deadline"
 
 
-def test_tasks_sharing_a_rate_wait_for_their_turn_and_a_turn_is_no_reason_to_settle():
+def test_tasks_sharing_a_rate_wait_for_their_turn_and_a_long_wait_settles_them_in_the_shared_query():
     """A subscription at 4/s over 4 tasks: slots of 0.25 s from the wall clock's epoch; task i sends in slots i
-    modulo 4 (the fake wall clock starts on slot 0). Task 3 waits 0.75 s for its first attempt, longer than
-    `park_after_s`, and still delivers in the shared query; each task carries the subscription's next slot after
-    its last attempt, not its own next permit."""
+    modulo 4 (the fake wall clock starts on slot 0). Task 3 waits 0.75 s for its first attempt; each task
+    carries the subscription's next slot after its attempt, not its own next permit. In the shared query a wait
+    for the rate longer than `park_after_s`, turn included, settles the lane: task 3 with 0.5 s stops at its
+    first row, nothing sent (its subscription catches up on its own)."""
     rows = [(record(0, o), (0,)) for o in range(3)]
     sent_at = {}
-    for task_index in (0, 3):
-        report, transport, _ = run({0: lane(rate_per_s=4.0)}, [batch(rows)], ok(), park_after_s=0.5,
+    for task_index, park_after_s in ((0, 0.5), (3, 0.9), (3, 0.5)):
+        report, transport, _ = run({0: lane(rate_per_s=4.0)}, [batch(rows)], ok(), park_after_s=park_after_s,
                                    settle_throttled=True, tasks=4, task_index=task_index)
-        sent_at[task_index] = [round(s.started - 1000.0, 3) for s in transport.sent]
-        assert lane_report(report).counters.delivered == 3 and lane_report(report).stops == {}
-        last_slot_ms = 1_800_000_000_000 + round(sent_at[task_index][-1] * 1000)
-        assert 0 <= lane_report(report).flow_state.next_permit_ms - (last_slot_ms + 250) <= 1  # rounded up
-    assert sent_at == {0: [0.0, 1.0, 2.0], 3: [0.75, 1.75, 2.75]}
+        sent = sent_at[task_index, park_after_s] = [round(s.started - 1000.0, 3) for s in transport.sent]
+        assert lane_report(report).counters.delivered == len(sent)
+        assert lane_report(report).stops == {0: len(sent)}, "its rate (1/s a task) settles it after its attempt"
+        if sent:
+            last_slot_ms = 1_800_000_000_000 + round(sent[-1] * 1000)
+            assert 0 <= lane_report(report).flow_state.next_permit_ms - (last_slot_ms + 250) <= 1  # rounded up
+    assert sent_at == {(0, 0.5): [0.0], (3, 0.9): [0.75], (3, 0.5): []}
 
 
 def test_without_settle_throttled_a_probing_lane_keeps_the_round_open_until_the_deadline():

@@ -3,7 +3,7 @@
 `RateCap` spaces a task's attempts 1/rate seconds apart (rate: the task's share). The tasks of a round that share
 a subscription's rate of at most 100 a second also take turns (`Turns`): each gives permits only inside slots of
 its own, so two tasks never start their first attempts at once and no 1/rate slot of the subscription's holds
-two permits.
+two permits (rate: what the round's lanes start at, the adaptive controller's; docs/design.md §4).
 
 `FlowController` sets the rate below that cap, after Hermes' output rate calculator and NSQ's backoff:
 
@@ -76,17 +76,21 @@ class FlowState:
         return FlowState(mode, rate, max(state.next_permit_ms for state in task_states))
 
 
-MIN_TURN_SLOT_S = 0.01
-"""Tasks take turns only when the subscription's slots are at least this long (rates up to 100 a second): a
-shorter slot is missed by an ordinary late wake-up, and n requests at once are little against such a rate."""
+MAX_TURNS_RATE_PER_S = 100.0
+"""Tasks take turns only at subscription rates up to this (slots of 10 ms or more): a shorter slot is missed by
+an ordinary late wake-up, and n requests at once are little against such a rate."""
+
+CARRIED_SNAP_S = 0.002
+"""A carried next permit this close before a slot's start is taken as that start: it went through whole
+milliseconds (rounded up) and the slots are cut from a whole-millisecond wall clock reading."""
 
 
 @dataclass(frozen=True)
 class Turns:
     """Task `turn` of `tasks` that share a subscription's rate. Time is cut into slots `slot_s` seconds long
-    (1 / the subscription's whole rate), numbered from the wall clock's epoch so that every task of a round cuts
-    it alike (up to a millisecond, and the executors' clock skew); the task owns the slots whose number is `turn`
-    modulo `tasks`.
+    (1 / the subscription's whole rate, as the round's lanes start), numbered from the wall clock's epoch so that
+    every task of a round cuts it alike (up to a millisecond, and the executors' clock skew); the task owns the
+    slots whose number is `turn` modulo `tasks`.
 
     origin: where slot `origin_index` starts, on the cap's clock (monotonic seconds). Slots are counted from it,
     so that the arithmetic stays exact to well under a microsecond.
@@ -133,18 +137,21 @@ class Turns:
 class RateCap:
     """Paces permits `1 / rate_per_s` seconds apart on average (no bursts), on an injectable clock.
 
-    next_free: the first moment (same clock as `now`) a permit may be given, carried over from earlier work.
-    turns: when several tasks share the subscription's rate, this task's slots: a permit is given inside one only,
-    one per slot. Its schedule then keeps its pace through a wait for its turn: the next permit is due an
-    interval after the one before was due (not after it was given), as long as that was less than a cycle ago.
+    next_free: the first moment (same clock as `now`) a permit may be given, carried over from earlier rounds.
+    turns: when several tasks share the subscription's rate, this task's slots (cut at the rate the round's lanes
+    start at): a permit is given inside one only, one per slot. Its schedule then keeps its pace through a wait
+    for its turn: the next permit is due an interval after the one before was due (not after it was given), as
+    long as that was less than a cycle ago.
     """
 
     def __init__(self, rate_per_s: float, next_free: float = float("-inf"), turns: Turns | None = None) -> None:
         self._interval_s = 1.0 / rate_per_s
-        self._next_free = next_free
         self._turns = turns
         self._used: int | None = None  # taking turns: the slot of the last permit
         self._carried = next_free
+        if turns is not None and math.isfinite(next_free):  # it went through whole ms: snap it to its slot
+            next_free = max(next_free, turns.start(turns.slot(next_free + CARRIED_SNAP_S)))
+        self._next_free = next_free
 
     @property
     def next_free(self) -> float:
@@ -154,7 +161,7 @@ class RateCap:
     @property
     def carried(self) -> float:
         """Where later rounds start from (same clock): alone, `next_free`; taking turns, the subscription's next
-        slot at this task's rate (the last permit's slot + interval / tasks), so that a later round uses the
+        permit at this task's rate (the last permit's slot + interval / tasks), so that a later round uses the
         slots this one left; with no permit given, what the cap was given."""
         return self._carried
 
@@ -162,7 +169,7 @@ class RateCap:
         self._interval_s = 1.0 / rate_per_s
 
     def wait(self, now: float) -> float:
-        """Seconds until a permit may be given (0.0: now)."""
+        """Seconds until a permit may be given (0.0: now): its spacing, then its turn."""
         spacing_s = max(0.0, self._next_free - now)
         if self._turns is None:
             return spacing_s

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from herald.delivery.assembly import Refused, assembly_for
 from herald.delivery.choice import endpoint_choice
 from herald.delivery.clock import Instant
-from herald.delivery.flow import MIN_TURN_SLOT_S, FlowController, RateCap, Turns
+from herald.delivery.flow import MAX_TURNS_RATE_PER_S, FlowController, RateCap, Turns
 from herald.delivery.message import Record
 from herald.delivery.oauth import TOKENS, TokenCache, TokenError, Wait
 from herald.delivery.pin import PinWatch
@@ -61,9 +61,9 @@ class Lane:
         self.counters = self.report.counters
         self.flow = FlowController(plan.rate_per_s, plan.flow_settings, plan.flow_state, now.s)
         carried_permit = plan.flow_state.next_permit_ms
-        slot_s = 1.0 / (plan.rate_per_s * plan.rate_tasks)
-        turns = Turns.at(slot_s, plan.rate_tasks, plan.rate_turn, now.s, now.ms) \
-            if plan.rate_tasks > 1 and slot_s >= MIN_TURN_SLOT_S else None
+        whole_rate = self.flow.rate_per_s * plan.rate_tasks  # the subscription's, as the controller starts it
+        turns = Turns.at(1.0 / whole_rate, plan.rate_tasks, plan.rate_turn, now.s, now.ms) \
+            if plan.rate_tasks > 1 and whole_rate <= MAX_TURNS_RATE_PER_S * (1 + 1e-9) else None
         self.cap = RateCap(self.flow.rate_per_s, now.from_ms(carried_permit) if carried_permit else float("-inf"),
                            turns)
         self._waiting: list[tuple[float, int, Unit]] = []  # ready units, not open: by due time
@@ -361,7 +361,7 @@ class Lane:
         """Seconds its rate makes its next attempt wait (0 when it has nothing waiting to start, or may start)."""
         if not self._waiting and not self.pending:
             return 0.0
-        return max(0.0, self.cap.next_free - now.s)  # its rate; a wait for its turn is shorter than a cycle
+        return self.cap.wait(now.s)  # its share of the rate: its spacing, and its turn among the round's tasks
 
     def settle(self, now: Instant, progress: dict[int, int], input_done: bool) -> list[Record]:
         """End the lane (no attempt open): stop its position at what was never attempted, carry or park what is
