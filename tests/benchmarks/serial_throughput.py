@@ -343,6 +343,7 @@ class TreeMemory:
         self.peak_rss = 0
         self.peak_pss = 0
         self.peak_processes: dict[str, int] = {}  # at the RSS peak: command name -> RSS
+        self.peak_counts: dict[str, int] = {}  # at the RSS peak: command name -> how many processes
         self.samples = 0
         self.processes_seen = 0
         self._cpu: dict[int, float] = {}
@@ -354,6 +355,7 @@ class TreeMemory:
         while not self._stop.is_set():
             total_rss = total_pss = 0
             by_name: dict[str, int] = {}
+            counts: dict[str, int] = {}
             for pid in _tree(self.pid):
                 rss, pss, name = _rss_pss(pid)
                 cpu = _cpu_s(pid)
@@ -363,9 +365,10 @@ class TreeMemory:
                 total_pss += pss
                 if name:
                     by_name[name] = by_name.get(name, 0) + rss
+                    counts[name] = counts.get(name, 0) + 1
             self.samples += 1
             if total_rss > self.peak_rss:
-                self.peak_rss, self.peak_processes = total_rss, by_name
+                self.peak_rss, self.peak_processes, self.peak_counts = total_rss, by_name, counts
             self.peak_pss = max(self.peak_pss, total_pss)
             self._stop.wait(self.interval_s)
 

@@ -72,7 +72,7 @@ def herald_once(conf: Path, log_path: Path, timeout_s: float = 1800) -> dict:
         finally:
             memory.stop()
     return {"wall_s": time.perf_counter() - began, "cpu_s": memory.cpu_s, "peak_rss": memory.peak_rss,
-            "peak_pss": memory.peak_pss, "peak_processes": memory.peak_processes,
+            "peak_pss": memory.peak_pss, "peak_processes": memory.peak_processes, "peak_counts": memory.peak_counts,
             "processes": memory.process_count, "code": code, "text": log_path.read_text(errors="replace")}
 
 
@@ -124,6 +124,9 @@ def show(result: dict) -> None:
     print(f"  {result['label']:<28}{result['wall_s']:>9.1f}{result['cpu_s']:>9.1f}"
           f"{result['peak_rss'] / 2**20:>10.0f}{result['processes']:>7}{result['delivered']:>11}"
           f"{result['code']:>6}", flush=True)
+    by_command = sorted(result["peak_processes"].items(), key=lambda item: -item[1])
+    print("    at the peak: " + ", ".join(f"{name} x{result['peak_counts'].get(name, 0)} {rss / 2**20:.0f} MiB"
+                                       for name, rss in by_command), flush=True)
 
 
 def main() -> None:

@@ -294,7 +294,10 @@ class SharedRead:
             if begin_error is not None:
                 raise begin_error
             if sending:
-                rows = project_topics(batch_df, self.context.config,
+                # The projection in as many tasks as run at once, not one per Kafka partition of the batch: its
+                # filters fall out of whole-stage code generation (from_json has none), so every task generates
+                # the code of every topic's filters again (40 topics on 80 partitions: 2.6 s against 0.3 s).
+                rows = project_topics(batch_df.coalesce(self.context.parallelism), self.context.config,
                                       [(pipeline.topic, batch.subscriptions) for pipeline, batch in sending])
                 rows = (rows.repartition(min(len(sending), self.context.parallelism), ROUND)
                         .sortWithinPartitions(ROUND, "partition", "offset"))
