@@ -218,6 +218,11 @@ class SharedRead:
         filtered = len(self.pipelines) > 1
         shared = len(rounds) > 1
         if shared:  # read from Kafka once, here (a failure fails the query), then each topic from the cache
+            _, alone = shared_job_rounds(rounds, SHARED_JOB_MAX_OFFSETS)
+            if not alone:  # all of it goes to the one shared job: read it in as many tasks as run at once, not a
+                # task per Kafka partition (40 topics of 2: 80 tasks, each scheduled, run and reported for a few
+                # rows). A fallback round of its own then runs in at most as many tasks as its plan has.
+                batch_df = batch_df.coalesce(self.context.parallelism)
             batch_df = batch_df.persist()
             batch_df.count()
         try:
