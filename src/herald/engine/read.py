@@ -224,9 +224,9 @@ class SharedRead:
                 # rows). A fallback round of its own then runs in at most as many tasks as its plan has.
                 batch_df = batch_df.coalesce(self.context.parallelism)
             batch_df = batch_df.persist()
-            batch_df.count()
         try:
             if shared:
+                batch_df.count()  # a failed read leaves no cache behind (`finally`)
                 self._deliver_many(rounds, batch_df, batch_id)
             elif rounds:
                 pipeline, ranges = rounds[0]
