@@ -91,6 +91,7 @@ def main() -> None:
                         help="streaming.triggerInterval (default '1 second', Herald's default)")
     parser.add_argument("--subscription-rate", type=float, default=None,
                         help="each subscription's subscriptionPolicy.rate (default: Herald's, 400 a second)")
+    parser.add_argument("--keep", action="store_true", help="keep the run's log and tables (the path is printed)")
     args = parser.parse_args()
 
     from confluent_kafka import Producer
@@ -166,7 +167,10 @@ def main() -> None:
                 os.killpg(job.pid, signal.SIGKILL)
         sink.stop()
         broker.down()
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            print(f"kept: {root} (run.log, conf and storage)")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
