@@ -75,3 +75,21 @@ priority: {policy: overflow}""")
     (member,) = steps.participants(pipeline.context, [(0, state)], _NoParked.parked_count)
     assert [(t.min_pending, t.min_inflight) for t in member.plan.targets] == [(None, None), (1000, 50)]
     assert member.plan.pending == 1500
+
+
+def _member(inflight: int) -> Participant:
+    return Participant(0, None, types.SimpleNamespace(inflight=inflight))
+
+
+@pytest.mark.parametrize("inflights, shared, tasks", [
+    ([100], False, 4),  # a task per partition with something to read, at most max_tasks
+    ([1], False, 1),  # ordered: a second task's share would be 0, and its partitions would never move
+    ([100, 3], False, 3),
+    ([0, 100], False, 4),  # a member whose slots are all held by parked retries takes nothing new anyway
+    ([1], True, 4),  # the shared read: it falls behind on the other partitions and catches up alone
+])
+def test_a_round_has_no_more_tasks_than_a_member_outside_the_shared_read_can_give_a_share_to(inflights, shared,
+                                                                                              tasks):
+    ranges = {p: (0, 10) for p in range(6)}
+    assert steps.round_tasks(ranges, 4, [_member(n) for n in inflights], shared) == tasks
+    assert steps.round_tasks({0: (0, 10), 1: (5, 5)}, 4, [_member(100)], shared) == 1  # one partition to read

@@ -114,13 +114,27 @@ def input_partitions(ranges: Ranges) -> int:
     return max(1, sum(1 for start, end in ranges.values() if start < end))
 
 
+def round_tasks(ranges: Ranges, max_tasks: int, members: list[Participant], shared: bool) -> int:
+    """How many tasks deliver a round: one per partition with something to read, at most `max_tasks`; outside
+    the shared read, also at most the smallest inflight of a member that takes new messages. Each task takes
+    its share of a subscription's inflight (`LanePlan.share`), and a task whose share is 0 takes nothing for it:
+    an ordered subscription (inflightSize 1) over two partitions would never move the second in catch-up, whose
+    rounds split the same partitions the same way every time. (In the shared read such a subscription falls
+    behind instead, and catches up here.)"""
+    tasks = max(1, min(input_partitions(ranges), max_tasks))
+    if not shared:
+        taking = [member.plan.inflight for member in members if member.plan.inflight > 0]
+        tasks = min([tasks, *taking])
+    return tasks
+
+
 def deliver(context: EngineContext, topic: Topic, subscriptions: list[Subscription], members: list[Participant],
             raw, ranges: Ranges, max_tasks: int, shared: bool, known_lost: Lost = ()) -> list[SubscriptionOutcome]:
     """Deliver the Kafka rows `raw` of `ranges` to `members` in Spark tasks (at most `max_tasks`); what the round
     did for each. The rows are projected for `subscriptions`, the list the members' indices point into (a row's
     `targets` are such indices): the topic's ACTIVE subscriptions, some of which may not take part.
     `known_lost`: offsets of the ranges found deleted before the read."""
-    plan = round_plan(context, topic, subscriptions, members, tasks=max(1, min(input_partitions(ranges), max_tasks)),
+    plan = round_plan(context, topic, subscriptions, members, tasks=round_tasks(ranges, max_tasks, members, shared),
                       shared=shared)
     reports = run_alone(context, topic, subscriptions, plan, raw, ranges)
     return delivered(context, topic.kafka_topic, members, ranges, reports, known_lost)
