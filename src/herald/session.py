@@ -50,16 +50,15 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
     Python workers must run this interpreter, so PYSPARK_PYTHON defaults to it there, through
     `herald-spark-python` when installed beside it (see `spark_python_worker`).
     """
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    configured_master = SparkConf().get("spark.master", None)
-    effective_master = configured_master or master or DEFAULT_LOCAL_MASTER
+    submitted = _submitted_conf() if _launched_by_spark_submit() else {}
+    effective_master = platform_master(submitted, master)
     builder = SparkSession.builder.appName(app_name)
-    if configured_master is None:
+    if "spark.master" not in submitted:
         builder = builder.master(effective_master)
     settings = dict(_LOCAL_DEFAULTS) if effective_master.startswith("local") else {}
     settings.update(conf or {})
@@ -71,12 +70,38 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
             for key, value in _jar_settings(conf or {}).items():
                 builder = builder.config(key, value)
     if _launched_by_spark_submit():
-        submitted = dict(SparkConf().getAll())
         for key, value in _delta_session_settings(settings, submitted, _delta_on_classpath()).items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def platform_master(submitted: Mapping[str, str], configured: str | None) -> str:
+    """The master a new session runs on: spark-submit's (`submitted`, its JVM's conf) whenever it set one, which is
+    always; else herald.yaml's `spark.master` (`configured`); else local[*].
+
+    Under spark-submit herald.yaml's master never applies: YARN, Kubernetes and standalone deployments name theirs
+    on the command line, and a local master from herald.yaml would run the whole job on the driver's cores. A
+    different one in herald.yaml is logged, once, as ignored.
+    """
+    submitted_master = submitted.get("spark.master")
+    if submitted_master is None:
+        return configured or DEFAULT_LOCAL_MASTER
+    if configured and configured != submitted_master:
+        log.warning("spark.master %s in herald.yaml is ignored: spark-submit runs this job on %s",
+                    configured, submitted_master)
+    return submitted_master
+
+
+def _submitted_conf() -> dict[str, str]:
+    """The conf of the JVM spark-submit started: its master, its `--conf`s and jars (spark-submit passes them to
+    that JVM as system properties). Read through the gateway, which is started first: a `SparkConf()` made before
+    the gateway exists holds nothing, and would have seen no master."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
 
 
 WORKER_PYTHON = "herald-spark-python"

@@ -66,3 +66,15 @@ def test_under_spark_submit_deltas_extension_and_catalog_are_added_when_its_jars
     both = {"spark.sql.extensions": f"{DELTA_EXTENSION}", SPARK_CATALOG: DELTA_CATALOG}
     assert _delta_session_settings({}, both, delta_loads=True) == {}, "--conf named them already"
     assert _delta_session_settings(both, {}, delta_loads=True) == {}, "herald.yaml's spark.conf named them"
+
+
+def test_spark_submits_master_is_the_one_a_session_runs_on(caplog):
+    from herald.session import platform_master
+
+    assert platform_master({}, None) == "local[*]", "neither spark-submit nor herald.yaml: local"
+    assert platform_master({}, "local[2]") == "local[2]", "herald run: herald.yaml's master"
+    assert platform_master({"spark.master": "yarn"}, None) == "yarn"
+    with caplog.at_level("WARNING", logger="herald.session"):
+        assert platform_master({"spark.master": "spark://h:7077"}, "local[*]") == "spark://h:7077"
+    assert "spark.master local[*] in herald.yaml is ignored: spark-submit runs this job on spark://h:7077" \
+        in caplog.text
