@@ -139,8 +139,9 @@ def new_partitions_are_delivered(broker, spark, topic: str, tmp_path, connector:
 # -- a topic deleted while running ---------------------------------------------------------------------------------
 def deleted_topic_is_retried_alone(broker, spark, tmp_path, connector: str) -> None:
     """A topic deleted while `herald run` runs: its query fails and is started again with backoff, failing with
-    an error that names the missing topic, while the other topic is delivered; once the topic is back, its query
-    runs again from its checkpoint."""
+    an error that names the missing topic, while the other topic is delivered; once the topic is back, it is read
+    again, and its subscription goes on from the new topic's first offset (below its old position), the reset
+    recorded."""
     stamp = time.time_ns() % 10**8
     doomed, other = f"fail.doomed_{stamp}", f"fail.other_{stamp}"
     broker.create_topics({doomed: 1, other: 1})
@@ -161,12 +162,16 @@ def deleted_topic_is_retried_alone(broker, spark, tmp_path, connector: str) -> N
             produce(broker.bootstrap_servers, other, [{"i": i} for i in range(1, 6)])
             assert wait_until(lambda: received(sub, "/other") == list(range(6)), 60), "the other topic goes on"
             broker.create_topics({doomed: 1})
-            # the new topic's offsets start at 0 again; the query goes on from its checkpoint (offset 1)
+            assert wait_until(lambda: supervisor.failing(doomed) is None, 90), "the topic created again is read again"
+            # the new topic's offsets start at 0 again, below the subscription's position (1): it goes on from 0
             produce(broker.bootstrap_servers, doomed, [{"i": i} for i in range(10, 16)])
-            assert wait_until(lambda: received(sub, "/doomed") == [0, 11, 12, 13, 14, 15], 90), \
+            assert wait_until(lambda: received(sub, "/doomed") == [0, 10, 11, 12, 13, 14, 15], 90), \
                 received(sub, "/doomed")
-            assert supervisor.failing(doomed) is None
         assert running.exit_code == 0, "every topic runs at the end"
+    resets = [row for row in DeltaRsStore(str(tmp_path / "storage")).read(UNDELIVERED).to_pylist()
+              if row["ended_by"] == "reset"]
+    assert [(row["subscription"], row["status"], row["offset"]) for row in resets] == [(f"{doomed}.s", "RESET", 1)], \
+        "the reset is recorded: it had lost nothing of the old topic"
 
 
 # -- the broker restarted ------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ class EndedBy:
     DECODE = "decode"  # the record could not be decoded; never sent
     TEMPLATE = "template"  # an endpoint placeholder has no value in the message; never sent
     RETENTION = "retention"  # Kafka deleted the records before they were read (a LOST range, not a message)
+    RESET = "reset"  # the topic's offsets went back (created again, or its log cut): a LOST range or a RESET row,
+    # or a parked message whose offset the new log gives to another message
 
 
 @dataclass(frozen=True)

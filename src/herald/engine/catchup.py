@@ -154,7 +154,7 @@ class CatchUp:
             steps.release_pins(context, participants, results)
         batch_id = self.next_round_id()
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
-                                          pipeline.kafka_topic, context.cluster, results),
+                                          pipeline.kafka_topic, context.cluster, results, pipeline.topic_id),
                      time.monotonic() - started, stamp, park=pipeline.retries.park)
         pipeline.flush_moves()
         log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,

@@ -42,7 +42,7 @@ from herald.engine.projection import project_topics
 from herald.engine.round_steps import input_partitions
 from herald.engine.supervision import short_error
 from herald.engine.task import ROUND, ROUNDS_REPORT_DDL, rounds_task
-from herald.source.kafka_offsets import partition_watermarks
+from herald.source.kafka_offsets import partition_watermarks, topic_ids
 from herald.source.stream import open_kafka_stream
 
 log = logging.getLogger(__name__)
@@ -119,8 +119,13 @@ class SharedRead:
         resuming = logged is not None
         self.replayable_through = logged if resuming else -1
         marks = partition_watermarks(context.client_config, self.kafka_topics)  # raises for a topic Kafka lacks
-        starting = {topic: pipeline.starting_offsets(marks[topic]) for topic, pipeline in self.pipelines.items()}
+        ids = topic_ids(context.client_config, self.kafka_topics)
         committed = self._committed() if resuming else {}
+        for topic, pipeline in self.pipelines.items():  # a topic created again, or cut (engine/resets.py)
+            kept = pipeline.check_log(marks[topic], ids.get(topic), committed.get(topic))
+            if kept is not None:
+                committed[topic] = kept
+        starting = {topic: pipeline.starting_offsets(marks[topic]) for topic, pipeline in self.pipelines.items()}
         if not resuming:
             self._first_start = starting
         for topic, pipeline in self.pipelines.items():
@@ -208,6 +213,9 @@ class SharedRead:
                     log.error("%s is not read any more (deleted from Kafka?): it leaves the shared read", topic)
                 self.gone[topic] = f"Kafka topic(s) do not exist: {topic} (no longer in the source's offsets)"
                 continue
+            if pipeline.went_back(ends[topic]):  # created again, or cut: Kafka says (engine/resets.py)
+                marks = partition_watermarks(self.context.client_config, [topic])[topic]
+                pipeline.check_log(marks, topic_ids(self.context.client_config, [topic]).get(topic))
             before = None if previous is None else previous.get(topic)  # not logged: its start is unknown
             first = self._first_start.get(topic) if self._first_start is not None and batch_id == 0 else None
             ranges = checkpoints.ranges_between(ends[topic], before, first)

@@ -23,7 +23,8 @@ from herald.config import Subscription
 from herald.delivery.flow import FlowMode, FlowState
 from herald.delivery.input import InputBatch
 from herald.delivery.message import Record, RetryState
-from herald.delivery.report import Parked
+from herald.delivery.policy import EndedBy
+from herald.delivery.report import Discarded, Parked
 from herald.delivery.sender import TaskSender
 from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext, now_ms, stamp_ms
@@ -56,6 +57,7 @@ class RetryDriver:
         self.once = once
         self._tried: set[tuple[str, int, int]] = set()  # once: (subscription, partition, offset) re-driven
         self._lock = threading.Lock()
+        self._round_over = threading.Condition(self._lock)  # notified when a round ends (`_in_round` False)
         self._parked: dict[str, dict[tuple[int, int], ParkedMessage]] = {}
         self._active: dict[str, Subscription] = {}
         self._rounds = itertools.count(1)
@@ -63,6 +65,7 @@ class RetryDriver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._in_round = False
+        self._old_logs: list[tuple[str, dict[int, int], str, frozenset[str] | None]] = []  # `end_old_log`, to do
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
         self._pin_of: dict[str, str] = {}  # subscription id -> the pin its last round went to (priority pinned)
         self.live_state = live_state
@@ -98,12 +101,66 @@ class RetryDriver:
         self._wake.set()
 
     def park(self, subscription: Subscription, kafka_topic: str, parked: list[Parked]) -> None:
+        self._end_old_logs()  # before a new log's message can take an old one's place
         with self._lock:
             messages = self._parked.setdefault(subscription.id, {})
             for item in parked:
                 messages[(item.record.partition, item.record.offset)] = ParkedMessage(item.record, item.state,
                                                                                      kafka_topic)
         self._wake.set()
+
+    def end_old_log(self, kafka_topic: str, firsts: dict[int, int], reason: str,
+                    subscriptions: frozenset[str] | None = None) -> None:
+        """Kafka's log of `kafka_topic` went back (`herald.engine.resets`): its offsets from `firsts[partition]` on
+        belong to new messages now. The messages parked there (of `subscriptions`, None: all) end DISCARDED with
+        `reason`, their bodies kept in the undelivered table, before a message of the new log can be parked in
+        their place: at the latest when the next message is parked, and never while a round re-drives them (a
+        round in progress records them first)."""
+        with self._lock:
+            self._old_logs.append((kafka_topic, dict(firsts), reason, subscriptions))
+        self._wake.set()
+
+    def _end_old_logs(self) -> None:
+        """Carry out the `end_old_log` requests: take their messages out, then record their discards."""
+        with self._lock:
+            while self._old_logs and self._in_round:  # a round's messages are its own until it ends
+                self._round_over.wait()
+            if not self._old_logs:
+                return
+            requests, self._old_logs = self._old_logs, []
+            configured = {subscription.id: subscription for subscription in self.context.config.subscriptions}
+            ended: list[tuple[Subscription, list[ParkedMessage], str]] = []
+            for kafka_topic, firsts, reason, only in requests:
+                for subscription_id, messages in self._parked.items():
+                    if subscription_id not in configured or only is not None and subscription_id not in only:
+                        continue  # a subscription removed meanwhile is delivered nothing more here
+                    gone = [key for key, message in messages.items() if message.kafka_topic == kafka_topic
+                            and key[0] in firsts and key[1] >= firsts[key[0]]]
+                    if gone:
+                        ended.append((configured[subscription_id], [messages.pop(key) for key in gone], reason))
+        if ended:
+            self._record_ended(ended)
+
+    def _record_ended(self, ended: list[tuple[Subscription, list[ParkedMessage], str]]) -> None:
+        """DISCARDED rows (undelivered and retries) for parked messages ended by `end_old_log`."""
+        context = self.context
+        stamp = stamp_ms()
+        result = RoundResult(RETRY, f"reset-retries:{context.run_id}", next(self._rounds), ended[0][1][0].kafka_topic,
+                             context.cluster)
+        for subscription, messages, reason in ended:
+            outcome = SubscriptionOutcome(subscription)
+            for message in messages:
+                record, state = message.record, message.state
+                outcome.discarded.append(Discarded(
+                    record.partition, record.offset, record.message_id or "", reason, EndedBy.RESET,
+                    state.last_status, state.attempts, record.body, record.timestamp_ms, stamp, raw_value=record.raw,
+                    schema_id=record.schema_id, schema_version=record.schema_version, key=record.key))
+                outcome.resolved[(record.partition, record.offset)] = (record, DISCARDED)
+            outcome.counters.discarded = len(messages)
+            result.outcomes.append(outcome)
+        log.warning("%d parked message(s) of %s end DISCARDED: %s", sum(len(m) for _, m, _ in ended),
+                    result.kafka_topic, ended[0][2])
+        steps.record(context, result, 0.0, stamp)
 
     def parked_count(self, subscription_id: str) -> int:
         with self._lock:
@@ -148,13 +205,14 @@ class RetryDriver:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            due = self.due_now()
+            self._end_old_logs()
+            with self._lock:  # what is due and the round taking it, at once (`_end_old_logs` waits for the round)
+                due = self._due()
+                self._in_round = bool(due)
             if not due:
                 self._wake.wait(self._sleep_s())
                 self._wake.clear()
                 continue
-            with self._lock:
-                self._in_round = True
             try:
                 self.run_round(due)
             except Exception:  # noqa: BLE001 - the driver must outlive one bad round; the messages stay parked
@@ -163,6 +221,7 @@ class RetryDriver:
             finally:
                 with self._lock:
                     self._in_round = False
+                    self._round_over.notify_all()
 
     def _sleep_s(self) -> float:
         with self._lock:
@@ -175,12 +234,16 @@ class RetryDriver:
 
     def due_now(self) -> dict[str, list[ParkedMessage]]:
         """ACTIVE subscription id -> its parked messages due now (and allowed by its rate), for a round."""
-        horizon = now_ms() + _EARLY_MS
         with self._lock:
-            due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)]
-                   for sid, messages in self._parked.items()
-                   if sid in self._active and self._next_permit.get(sid, 0) <= horizon
-                   and not self.context.holds(sid)}  # held: its pin changes hands, or it has no endpoint (§5c)
+            return self._due()
+
+    def _due(self) -> dict[str, list[ParkedMessage]]:
+        """(lock held) `due_now`."""
+        horizon = now_ms() + _EARLY_MS
+        due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)]
+               for sid, messages in self._parked.items()
+               if sid in self._active and self._next_permit.get(sid, 0) <= horizon
+               and not self.context.holds(sid)}  # held: its pin changes hands, or it has no endpoint (§5c)
         return {sid: messages for sid, messages in due.items() if messages}
 
     def _tried_here(self, subscription_id: str, message: ParkedMessage) -> bool:
@@ -221,6 +284,8 @@ class RetryDriver:
             registry = self._parked.get(subscription_id, {})
             for message in due:
                 key = (message.record.partition, message.record.offset)
+                if registry.get(key) is not message:  # ended meanwhile (`end_old_log`): its rows are written
+                    continue
                 item = again.get(key)
                 if item is not None:  # some endpoint still to reach, or still retrying
                     if (item.state.attempts != message.state.attempts
@@ -228,8 +293,7 @@ class RetryDriver:
                         if self.once and not pin_lost:
                             self._tried.add((subscription_id, *key))
                         outcome.parked.append(item)
-                        if key in registry:
-                            registry[key] = ParkedMessage(item.record, item.state, registry[key].kafka_topic)
+                        registry[key] = ParkedMessage(item.record, item.state, message.kafka_topic)
                     continue
                 if key in ended:
                     outcome.resolved[key] = (message.record, DISCARDED)

@@ -39,6 +39,7 @@ from herald.storage.tables import (
 
 STREAM, CATCHUP, RETRY = "stream", "catchup", "retry"
 LOST = "LOST"  # the undelivered status of a range of offsets Kafka deleted before it was read
+RESET = "RESET"  # the undelivered status of a topic reset that lost the subscription nothing (engine/resets.py)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class RoundResult:
     kafka_topic: str
     cluster: str
     outcomes: list[SubscriptionOutcome] = field(default_factory=list)
+    topic_id: str | None = None  # Kafka's id of the topic its positions are in, when known
 
 
 def table_rows(result: RoundResult, now_ms: int) -> list[tuple[str, pa.Table]]:
@@ -226,17 +228,18 @@ def _offsets(result: RoundResult, now_ms: int) -> pa.Table:
     committed = at_ms(now_ms)
     rows = [
         {"subscription": outcome.subscription.id, "topic": result.kafka_topic, "partition": partition,
-         "offset": offset, "batch_id": result.batch_id, "committed_at": committed, "writer": result.writer}
+         "offset": offset, "batch_id": result.batch_id, "committed_at": committed, "writer": result.writer,
+         "topic_id": result.topic_id}
         for outcome in result.outcomes for partition, offset in sorted(outcome.positions.items())
     ]
     return pa.Table.from_pylist(rows, schema=OFFSETS_SCHEMA)
 
 
 def position_rows(subscription_id: str, kafka_topic: str, positions: dict[int, int], writer: str, batch_id: int,
-                  now: dt.datetime) -> pa.Table:
-    """Offsets rows that set a subscription's position outside a round (where it starts, or a move)."""
+                  now: dt.datetime, topic_id: str | None = None) -> pa.Table:
+    """Offsets rows that set a subscription's position outside a round (where it starts, a move, a reset)."""
     rows = [{"subscription": subscription_id, "topic": kafka_topic, "partition": partition, "offset": offset,
-             "batch_id": batch_id, "committed_at": now, "writer": writer}
+             "batch_id": batch_id, "committed_at": now, "writer": writer, "topic_id": topic_id}
             for partition, offset in sorted(positions.items())]
     return pa.Table.from_pylist(rows, schema=OFFSETS_SCHEMA)
 
@@ -245,3 +248,46 @@ def moved_rows(subscription: Subscription, keys, now_ms: int, writer: str, batch
     """RELEASED rows for the carried states a retransmission dropped."""
     return pa.Table.from_pylist(released_rows(subscription, keys, RELEASED, now_ms, writer, batch_id),
                                 schema=RETRIES_SCHEMA)
+
+
+def reset_tables(subscription: Subscription, reset, outcome, stamp: int, cluster: str,
+                 before: dict[int, int]) -> list[tuple[str, pa.Table]]:
+    """What a reset of its topic (`engine.resets.TopicReset`) records for one subscription (`outcome`, a
+    `SubscriptionReset`; `before`: its positions before it), in the order rows are written: per partition reset,
+    a LOST undelivered row for the old log's offsets it never read, else a RESET row; RELEASED rows for the carried
+    states it dropped; its positions in the new log. One slice, `reset:<subscription>` / the reset's `found_ms`
+    (stamped `stamp`, epoch ms, as the job stamps its rounds' rows)."""
+    writer, batch_id = reset_writer(subscription.id), reset.found_ms
+    lost = {partition: (first, end) for partition, first, end in outcome.lost}
+    rows = []
+    for partition, part in sorted(reset.partitions.items()):
+        gone = lost.get(partition)
+        reason = (f"Kafka topic {reset.kafka_topic} {_reset_cause(reset, part)}: partition {partition} now holds "
+                  f"offsets {part.low}..{part.high - 1} where the job knew offsets up to {part.known_end - 1}; "
+                  f"delivery goes on from offset {outcome.positions[partition]}")
+        if gone is not None:
+            reason += (f"; offsets {gone[0]}..{gone[1] - 1} of the old log ({gone[1] - gone[0]} offsets) were never "
+                       "read and are gone")
+        rows.append({
+            "subscription": subscription.id, "topic_name": subscription.topicName, "partition": partition,
+            "offset": gone[0] if gone else before.get(partition, part.low), "status": LOST if gone else RESET,
+            "reason": reason, "attempts": 0, "timestamp": at_ms(stamp), "cluster": cluster, "batch_id": batch_id,
+            "ended_by": EndedBy.RESET, "writer": writer,
+        })
+    return [
+        (UNDELIVERED, pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)),
+        (RETRIES, pa.Table.from_pylist(released_rows(subscription, outcome.dropped, RELEASED, stamp, writer, batch_id),
+                                       schema=RETRIES_SCHEMA)),
+        (OFFSETS, position_rows(subscription.id, reset.kafka_topic, outcome.positions, writer, batch_id, at_ms(stamp),
+                                reset.topic_id)),
+    ]
+
+
+def reset_writer(subscription_id: str) -> str:
+    return f"reset:{subscription_id}"
+
+
+def _reset_cause(reset, part) -> str:
+    if reset.was_id and reset.topic_id and reset.was_id != reset.topic_id:
+        return f"was created again (topic id {reset.was_id} -> {reset.topic_id})"
+    return "went back (deleted and created again?)" if part.recreated else "had its log cut (unclean leader election?)"

@@ -37,6 +37,8 @@ class SubscriptionState:
         round runs for it until the shared query's position moves past that frontier or that time comes.
     topic_end: partition -> the end of what its topic's query has read (or is about to deliver): with the
         positions, its Kafka lag as far as the job knows it (`pending`).
+    topic_id: Kafka's id of the topic its positions are in (None: not known): a topic created again has a new
+        one, and positions of the old log go on from the new one's start (herald.engine.resets).
     """
 
     subscription: Subscription
@@ -51,6 +53,7 @@ class SubscriptionState:
     idle: tuple[dict[int, int], int] | None = None  # (frontier, epoch ms): its last catch-up round moved nothing
     topic_end: dict[int, int] = field(default_factory=dict)
     pin_id: str | None = None  # priority pinned: the pin its flow state was learnt with
+    topic_id: str | None = None
 
     @property
     def id(self) -> str:
@@ -77,11 +80,21 @@ class SubscriptionState:
 
 def stored_positions(store: TableStore) -> dict[tuple[str, str], dict[int, int]]:
     """(subscription id, Kafka topic) -> partition -> position: the newest offsets row of each."""
+    return stored_offsets(store)[0]
+
+
+def stored_offsets(store: TableStore) -> tuple[dict[tuple[str, str], dict[int, int]], dict[tuple[str, str], str]]:
+    """(positions, topic ids): (subscription id, Kafka topic) -> partition -> position, the newest offsets row of
+    each; and -> the Kafka topic id those rows name, where they name one."""
     rows = store.latest(OFFSETS, ("subscription", "topic", "partition"), "committed_at DESC, batch_id DESC")
     positions: dict[tuple[str, str], dict[int, int]] = {}
-    for row in rows.select(["subscription", "topic", "partition", "offset"]).to_pylist():
-        positions.setdefault((row["subscription"], row["topic"]), {})[row["partition"]] = row["offset"]
-    return positions
+    ids: dict[tuple[str, str], str] = {}
+    for row in rows.select(["subscription", "topic", "partition", "offset", "topic_id"]).to_pylist():
+        key = (row["subscription"], row["topic"])
+        positions.setdefault(key, {})[row["partition"]] = row["offset"]
+        if row["topic_id"]:
+            ids[key] = row["topic_id"]
+    return positions, ids
 
 
 def stored_held(store: TableStore) -> dict[str, dict[tuple[int, int], RetryState]]:
@@ -109,7 +122,7 @@ class StateBook:
 
     def __init__(self, store: TableStore, writer: TableWriter) -> None:
         self.writer = writer
-        self._stored = stored_positions(store)
+        self._stored, self._stored_ids = stored_offsets(store)
         self._held = stored_held(store)
         self._resting: dict[str, SubscriptionState] = {}
 
@@ -151,7 +164,8 @@ class StateBook:
                      subscription.startingOffsets, positions)
         for partition in marks:
             positions.setdefault(partition, 0)  # a partition added since: from its start
-        return SubscriptionState(subscription, kafka_topic=kafka_topic, positions=positions, carried=carried)
+        return SubscriptionState(subscription, kafka_topic=kafka_topic, positions=positions, carried=carried,
+                                 topic_id=self._stored_ids.get((subscription.id, kafka_topic)))
 
     def joined(self, state: SubscriptionState) -> None:
         """`state` (from `state_for`) is being delivered now: it no longer rests here."""
@@ -165,6 +179,8 @@ class StateBook:
         and its positions are what it continues from in that Kafka topic."""
         self._resting[state.id] = state
         self._stored[(state.id, state.kafka_topic)] = dict(state.positions)
+        if state.topic_id:
+            self._stored_ids[(state.id, state.kafka_topic)] = state.topic_id
         self._held.pop(state.id, None)
 
     def resting(self, subscription_id: str) -> SubscriptionState | None:

@@ -27,11 +27,12 @@ from herald.delivery.plan import TaskPlan
 from herald.delivery.report import SUCCESS
 from herald.engine import moves
 from herald.engine import round_steps as steps
+from herald.engine.resets import TopicReset, find_reset, known_ends, reset_subscription, went_back
 from herald.engine.catchup import CatchUp
-from herald.engine.context import EngineContext, stamp_ms
+from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.fanout import Participant
 from herald.engine.positions import behind
-from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, stub
+from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, reset_tables, reset_writer, stub
 from herald.engine.state import SubscriptionState
 from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
@@ -66,8 +67,9 @@ class TopicPipeline:
         self.lock = threading.RLock()
         self.states: dict[str, SubscriptionState] = {state.id: state for state in states}
         self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
+        self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
         self.batch_in_progress = False
-        self._moved: list = []  # (move, subscription, carried keys it dropped): written after the round's rows
+        self._moved: list = []  # (slice, stamp -> its tables): moves and resets, written after the rounds' rows
         self.read = None  # the shared read (herald.engine.read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
         self.catchup = CatchUp(self)  # started by `Topics`
@@ -82,7 +84,12 @@ class TopicPipeline:
         """The ACTIVE subscriptions, in the order of the projection's `targets` indices."""
         return [state.subscription for state in self.states.values()]
 
-    def add(self, state: SubscriptionState) -> None:
+    def add(self, state: SubscriptionState, marks: dict[int, tuple[int, int]] | None = None,
+            topic_id: str | None = None) -> None:
+        """Deliver one more subscription. marks / topic_id: Kafka's offsets and id of the topic now, to see whether
+        the log its positions are in went back while it was not delivered (`check_log`)."""
+        if marks is not None:
+            self.check_log(marks, topic_id, states=[state])
         with self.lock:
             state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
             state.topic_end = self.frontier or {}
@@ -110,25 +117,108 @@ class TopicPipeline:
 
     def _move(self, state: SubscriptionState, move) -> None:
         """(lock held) The state moves; its retry states are dropped (the messages are delivered again as new),
-        and it catches up when the move put it behind the query. Its rows are written by `flush_moves`."""
+        and it catches up when the move put it behind the query. Its rows are written by `flush_moves`. A
+        `TopicReset` (`_reset`) is applied the same way."""
+        if isinstance(move, TopicReset):
+            self._reset(state, move)
+            return
         state.positions.update(move.to_offsets)
         dropped, state.carried = set(state.carried), {}
         state.idle = None
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
-        self._moved.append((move, state.subscription, dropped))
+        subscription = state.subscription
+        self._moved.append((Slice(move.writer, move.move_id), lambda stamp: moves.applied_tables(
+            move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id), stamp)))
         log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
 
     def flush_moves(self) -> None:
-        """Write the positions of the moves applied since the last call, after the rounds' own rows, and mark
-        the moves applied."""
+        """Write the positions of the moves and resets applied since the last call, after the rounds' own rows,
+        and mark the moves applied."""
         with self.lock:
             moved, self._moved = self._moved, []
-        for move, subscription, dropped in moved:
-            stamp = stamp_ms()
-            self.context.writer.submit(Slice(move.writer, move.move_id), moves.applied_tables(
-                move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id), stamp))
+        for part, tables in moved:
+            self.context.writer.submit(part, tables(stamp_ms()))
         if moved and self.catchup is not None:
             self.catchup.wake()
+
+    # -- offsets that go back (engine/resets.py) -----------------------------------------------------------------
+    def check_log(self, marks: dict[int, tuple[int, int]], topic_id: str | None,
+                  read_at: dict[int, int] | None = None,
+                  states: list[SubscriptionState] | None = None) -> dict[int, int] | None:
+        """Kafka's log of the topic now: `marks` (partition -> (low, high)) and its id (None: not given). Every
+        subscription (of `states`; None: the topic's) whose log went back (the topic created again, or a
+        partition cut) goes on from the new log, and it is recorded (`_reset`); the read's frontier, and `read_at`
+        (where a checkpoint left the read), are kept within the log. Returns `read_at` so kept."""
+        found_ms = now_ms()
+        with self.lock:
+            states = list(self.states.values()) if states is None else states
+            # what the job knows of the log, for the subscriptions whose id says nothing
+            shared = known_ends(self.frontier, read_at, *[s.positions for s in states if not (s.topic_id and topic_id)],
+                                *[s.topic_end for s in states if not (s.topic_id and topic_id)])
+            found = {state.id: self._reset_of(state, marks, topic_id, shared, found_ms) for state in states}
+        self._end_parked([reset for reset in found.values() if reset is not None], found)
+        with self.lock:
+            if self.frontier is not None:
+                self.frontier = {p: min(end, marks[p][1]) if p in marks else end for p, end in self.frontier.items()}
+            for state in states:
+                reset = found.get(state.id)
+                if reset is None:
+                    state.topic_id = topic_id or state.topic_id
+                elif state.busy:  # its round ends first; its positions then go to the new log
+                    state.pending_moves.append(reset)
+                else:
+                    self._reset(state, reset)
+            self.topic_id = topic_id or self.topic_id
+        self.flush_moves()
+        return None if read_at is None else {p: min(o, marks[p][1]) if p in marks else o for p, o in read_at.items()}
+
+    def went_back(self, ends: dict[int, int]) -> bool:
+        """True when a micro-batch ends a partition below the read's frontier: Kafka's offsets went back, and
+        the caller asks Kafka about the topic (`check_log`)."""
+        with self.lock:
+            return self.frontier is not None and bool(went_back(ends, self.frontier))
+
+    def _reset_of(self, state: SubscriptionState, marks, topic_id: str | None, shared: dict[int, int],
+                  found_ms: int) -> TopicReset | None:
+        """(lock held) The reset of one subscription's log, if any: by its topic id when both are known, else by
+        Kafka's end offsets against all the job knows of the log (`shared`)."""
+        if state.topic_id and topic_id:
+            return find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), state.topic_id, marks,
+                              topic_id, found_ms)
+        return find_reset(self.kafka_topic, known_ends(shared, state.positions, state.topic_end), None, marks, None,
+                          found_ms)
+
+    def _end_parked(self, found: list[TopicReset], by_subscription: dict[str, TopicReset | None]) -> None:
+        """The parked messages of the old logs end before anything of the new ones can be parked in their place."""
+        if not found:
+            return
+        first = found[0]
+        log.warning("%s; %d subscription(s) go on from the new offsets, what they had not read of the old ones is "
+                    "recorded LOST", first.describe(), len(found))
+        for reset in {id(reset): reset for reset in found}.values():
+            ids = frozenset(sid for sid, r in by_subscription.items() if r is reset)
+            self.retries.end_old_log(self.kafka_topic, {p: part.first_gone for p, part in reset.partitions.items()},
+                                     f"Kafka topic {self.kafka_topic} went back ({reset.describe()}): the offset of "
+                                     "this parked message now belongs to a message of the new log", ids)
+
+    def _reset(self, state: SubscriptionState, reset: TopicReset) -> None:
+        """(lock held) One subscription goes on from the new log; its rows are written by `flush_moves`."""
+        before = dict(state.positions)
+        outcome = reset_subscription(reset, before, state.carried)
+        state.positions.update(outcome.positions)
+        state.carried = {key: value for key, value in state.carried.items() if key not in outcome.dropped}
+        for partition, part in reset.partitions.items():
+            if partition in state.topic_end:
+                state.topic_end[partition] = min(state.topic_end[partition], part.high)
+        state.idle = None
+        state.topic_id = reset.topic_id or state.topic_id
+        state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
+        subscription, cluster = state.subscription, self.context.cluster
+        self._moved.append((Slice(reset_writer(state.id), reset.found_ms),
+                            lambda stamp: reset_tables(subscription, reset, outcome, stamp, cluster, before)))
+        log.info("%s: %s goes on from %s (was at %s)%s", state.id, self.kafka_topic, outcome.positions,
+                    {p: before.get(p) for p in outcome.positions},
+                    "; lost " + ", ".join(f"{p}: {a}..{b - 1}" for p, a, b in outcome.lost) if outcome.lost else "")
 
     def update(self, subscription: Subscription) -> None:
         """A new version of a subscription's file: its next round uses it."""
@@ -272,7 +362,7 @@ class TopicPipeline:
         finally:
             stamp = self._end_batch(batch, results)
         steps.record(context, RoundResult(STREAM, batch.writer, batch.batch_id, self.kafka_topic, context.cluster,
-                                          results),
+                                          results, self.topic_id),
                      time.monotonic() - batch.started, stamp, possible_replay=self._replay_possible,
                      park=self.retries.park)
         self._replay_possible = False

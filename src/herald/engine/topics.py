@@ -29,7 +29,7 @@ from herald.engine.rounds import moved_rows
 from herald.engine.state import StateBook, SubscriptionState
 from herald.engine.supervision import ONCE_RESTARTS, QuerySupervisor, short_error
 from herald.engine.topic import TopicPipeline
-from herald.source.kafka_offsets import OffsetClient, UnknownTopicError, partition_watermarks
+from herald.source.kafka_offsets import OffsetClient, UnknownTopicError, partition_watermarks, topic_ids
 from herald.storage import Slice
 
 log = logging.getLogger(__name__)
@@ -336,6 +336,7 @@ class Topics:
         try:  # what needs Kafka first: when it fails, nothing has changed and the watcher tries again
             kafka_topics = sorted({self.pipelines[name].kafka_topic for name, joiners in joining.items() if joiners})
             marks = partition_watermarks(self.context.client_config, kafka_topics) if kafka_topics else {}
+            ids = topic_ids(self.context.client_config, kafka_topics)
             joiners = {s.id: self._state(s, self.pipelines[name].kafka_topic, marks[self.pipelines[name].kafka_topic])
                        for name, subscriptions in joining.items() for s in subscriptions}
         except Exception:
@@ -372,7 +373,7 @@ class Topics:
                         log.info("%s: configuration changed", subscription.id)
                 else:
                     self.book.joined(joiners[subscription.id])
-                    pipeline.add(joiners[subscription.id])
+                    pipeline.add(joiners[subscription.id], marks[pipeline.kafka_topic], ids.get(pipeline.kafka_topic))
                     log.info("%s: now delivered", subscription.id)
 
     def _delivered(self, subscription_id: str) -> bool:

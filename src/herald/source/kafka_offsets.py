@@ -220,6 +220,35 @@ def partition_watermarks(
         return client.watermarks(topics)
 
 
+def topic_ids(client_config: Mapping[str, str], topics: Iterable[str], timeout_s: float = 10.0) -> dict[str, str]:
+    """Kafka's id of each of `topics` (a UUID the broker gives a topic when it is created: a topic deleted and
+    created again has a new one), for the topics whose id the broker gives. An id is a hint, never a need: a
+    broker without ids (before Kafka 2.8, or one that answers the all-zero id), an error or a timeout leaves the
+    topic out."""
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    wanted = sorted(set(topics))
+    if not wanted:
+        return {}
+    try:
+        admin = AdminClient(dict(client_config))
+        futures = admin.describe_topics(TopicCollection(wanted), request_timeout=timeout_s)
+    except (KafkaException, ValueError, TypeError) as error:
+        log.debug("topic ids of %s not known: %s", wanted, error)
+        return {}
+    found: dict[str, str] = {}
+    for topic, future in futures.items():
+        try:
+            topic_id = str(future.result(timeout=timeout_s).topic_id or "")
+        except Exception as error:  # noqa: BLE001 - unknown topic, no answer, an old broker: no id
+            log.debug("topic id of %s not known: %s", topic, error)
+            continue
+        if topic_id.strip("A=") and set(topic_id) != {"0", "-"}:  # the all-zero UUID: the broker has none
+            found[topic] = topic_id
+    return found
+
+
 def resolve_offsets(
     client_config: Mapping[str, str],
     topics: Iterable[str],

@@ -30,7 +30,9 @@ UNDELIVERED_SCHEMA = pa.schema([
     ("partition", pa.int32()),
     ("offset", pa.int64()),
     ("message_id", pa.string()),
-    ("status", pa.string()),  # DISCARDED, or LOST: a range of offsets retention deleted before it was read
+    # DISCARDED; LOST: a range of offsets Kafka deleted (retention) or replaced (a topic created again) before it
+    # was read; RESET: the topic's offsets went back, and the subscription had lost nothing of the old ones
+    ("status", pa.string()),
     ("reason", pa.string()),  # the last attempt's, as Hermes writes it
     ("http_status", pa.int32()),
     ("attempts", pa.int32()),
@@ -56,6 +58,7 @@ OFFSETS_SCHEMA = pa.schema([
     ("batch_id", pa.int64()),  # the writer's round; -1: where the subscription started
     ("committed_at", _TIMESTAMP),  # the newest row of a (subscription, topic, partition) is its position
     ("writer", pa.string()),
+    ("topic_id", pa.string()),  # Kafka's id of the topic the position is in (null: not known; engine/resets.py)
 ])
 
 METRICS_SCHEMA = pa.schema([

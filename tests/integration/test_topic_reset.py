@@ -1,0 +1,75 @@
+"""A topic deleted and created again between two runs: its offsets start over, and its subscriptions go on from the
+new log's start instead of skipping every new message below their old positions; the reset is recorded for each
+(docs/design.md §6). Apache Kafka itself (topic ids), Spark's Kafka source, real HTTP and Delta tables.
+(A topic deleted and created while a job runs: tests/support/broker_scenarios.py `deleted_topic_is_retried_alone`.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from herald.config import load_config
+from herald.engine.runner import Runner
+from herald.source.kafka_offsets import topic_ids
+from herald.source.stream import SPARK_KAFKA_CLASS
+from herald.storage import DeltaRsStore
+from herald.storage.tables import OFFSETS, UNDELIVERED
+from tests.support.broker_scenarios import delete_topic, produce_to, received
+from tests.support.herald_env import require_jars, wait_until, write_conf
+from tests.support.subscriber import ScriptedSubscriber
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+TABLE_ENGINE = "deltalake"  # the subject is the engine's positions, not the tables (tests/conftest.py)
+
+
+def _run_once(conf, spark) -> None:
+    assert Runner(load_config(conf), spark=spark).run(once=True) == 0
+
+
+def _recreate(kafka_broker, topic: str, partitions: int) -> None:
+    delete_topic(kafka_broker.bootstrap_servers, topic)
+    assert wait_until(lambda: _created(kafka_broker, topic, partitions), 60), f"{topic} was not created again"
+
+
+def _created(kafka_broker, topic: str, partitions: int) -> bool:
+    try:
+        kafka_broker.create_topics({topic: partitions})
+        return True
+    except Exception:  # noqa: BLE001 - the deletion is still going on
+        return False
+
+
+@pytest.mark.parametrize("new_messages", [10, 30], ids=["fewer-than-before", "more-than-before"])
+def test_a_topic_created_again_between_runs_is_delivered_from_its_new_start(kafka_broker, spark, topic_name, tmp_path,
+                                                                          new_messages):
+    """20 delivered, the topic deleted and created again, `new_messages` published: the next run delivers all of
+    them. With 30 the new log is past the old positions: only the topic's id tells (it skipped 0..19 before)."""
+    require_jars(spark, SPARK_KAFKA_CLASS)
+    kafka_broker.create_topics({topic_name: 1})
+    produce_to(kafka_broker.bootstrap_servers, topic_name, [(0, {"i": i}) for i in range(20)])
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, kafka_broker.bootstrap_servers, topic_name, {
+            "a": {"endpoint": f"{sub.url}/a"}, "b": {"endpoint": f"{sub.url}/b"}},
+            settings={"kafka": {"connector": "spark"}})
+        _run_once(conf, spark)
+        assert received(sub, "/a") == list(range(20)) and received(sub, "/b") == list(range(20))
+        old_id = topic_ids({"bootstrap.servers": kafka_broker.bootstrap_servers}, [topic_name])[topic_name]
+
+        _recreate(kafka_broker, topic_name, 1)
+        new = list(range(100, 100 + new_messages))
+        produce_to(kafka_broker.bootstrap_servers, topic_name, [(0, {"i": i}) for i in new])
+        _run_once(conf, spark)
+        assert received(sub, "/a") == list(range(20)) + new, "every message of the new log, none skipped"
+        assert received(sub, "/b") == list(range(20)) + new
+
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    new_id = topic_ids({"bootstrap.servers": kafka_broker.bootstrap_servers}, [topic_name])[topic_name]
+    assert new_id != old_id
+    rows = store.latest(OFFSETS, ("subscription", "topic", "partition"), "committed_at DESC, batch_id DESC")
+    assert {(r["subscription"], r["offset"], r["topic_id"]) for r in rows.to_pylist()} == {
+        (f"{topic_name}.a", new_messages, new_id), (f"{topic_name}.b", new_messages, new_id)}
+    resets = [r for r in store.read(UNDELIVERED).to_pylist() if r["ended_by"] == "reset"]
+    assert sorted(r["subscription"] for r in resets) == [f"{topic_name}.a", f"{topic_name}.b"], \
+        "the reset is recorded for every subscription of the topic"
+    for row in resets:
+        assert row["status"] == "RESET" and row["partition"] == 0 and row["offset"] == 20
+        assert f"topic id {old_id} -> {new_id}" in row["reason"] and "goes on from offset 0" in row["reason"]
