@@ -186,6 +186,8 @@ def test_a_replayed_micro_batch_recorded_before_the_crash_keeps_its_parked_and_u
     the batch's rows with an empty round's: the undelivered row and the PARKED row stay, nothing is sent twice."""
     import os
 
+    from herald.engine import round_steps as steps
+    from herald.engine.rounds import RoundResult, SubscriptionOutcome
     from herald.storage.tables import UNDELIVERED
 
     broker.create_topics({topic_name: 1})
@@ -231,3 +233,34 @@ def test_parked_messages_not_due_cost_no_round_and_no_row(tmp_path):
     assert driver.parked_count(subscription.id) == 40
     storage = DeltaRsStore(str(tmp_path / "storage"))
     assert storage.read(RETRIES).num_rows == 0 and storage.read("metrics").num_rows == 0
+
+
+def test_parked_messages_of_a_topics_old_log_end_discarded_before_a_new_message_takes_their_offset(tmp_path):
+    """The topic was created again (herald.engine.resets): offsets from 2 on belong to new messages. The old
+    parked messages there end DISCARDED, bodies kept, before a new message parked at offset 3 takes its place;
+    those below stay parked."""
+    from herald.engine import round_steps as steps
+    from herald.engine.rounds import RoundResult, SubscriptionOutcome
+    from herald.storage.tables import UNDELIVERED
+
+    with ScriptedSubscriber() as sub:
+        driver, subscription = _driver(tmp_path, sub.url)
+        _park(driver, subscription, 5)
+        driver.end_old_log("retry.topic", {0: 2}, "the topic was created again")
+        now = now_ms()
+        new_round = SubscriptionOutcome(subscription, parked=[Parked(  # a round of the new log parks offset 3
+            Record(partition=0, offset=3, timestamp_ms=now, message_id="new3", body=b'{"n": 103}'),
+            RetryState(attempts=1, first_read_ms=now, due_ms=now + 60_000, backoff_s=0.1))])
+        steps.record(driver.context, RoundResult("catchup", "catchup:test", 1, "retry.topic", "test", [new_round]),
+                     0.0, stamp_ms(), park=driver.park)
+        driver.context.writer.close()
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    discarded = sorted((r["offset"], r["message_id"], r["message"], r["ended_by"], r["reason"])
+                       for r in store.read(UNDELIVERED).to_pylist())
+    assert discarded == [(offset, f"m{offset}", '{"n": %d}' % offset, "reset", "the topic was created again")
+                         for offset in (2, 3, 4)]
+    assert driver.parked_count(subscription.id) == 3, "0 and 1 of the old log, and the new message at 3"
+    newest = {r["offset"]: r for r in store.latest(RETRIES, ("subscription", "partition", "offset"),
+                                                    "recorded_at DESC, batch_id DESC").to_pylist()}
+    assert newest[3]["state"] == "PARKED" and newest[3]["message_id"] == "new3", "the new message, not the old"
+    assert newest[4]["state"] == "DISCARDED"

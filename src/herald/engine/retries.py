@@ -47,6 +47,24 @@ class ParkedMessage:
     kafka_topic: str
 
 
+@dataclass(frozen=True)
+class OldLog:
+    """An `RetryDriver.end_old_log` request: the parked messages of `kafka_topic` at offsets `firsts[partition]`
+    and above (of `subscriptions`; None: all) end DISCARDED with `reason`, their rows stamped `stamp_ms`."""
+
+    kafka_topic: str
+    firsts: dict[int, int]
+    reason: str
+    subscriptions: frozenset[str] | None
+    stamp_ms: int
+
+    def covers(self, subscription_id: str, message: ParkedMessage) -> bool:
+        partition, offset = message.record.partition, message.record.offset
+        return (message.kafka_topic == self.kafka_topic and partition in self.firsts
+                and offset >= self.firsts[partition]
+                and (self.subscriptions is None or subscription_id in self.subscriptions))
+
+
 class RetryDriver:
     """once: a `--once` run: each message is re-driven in at most one round of the run (due at the start, or
     parked by the run and due before it ends); parked again, it waits for the next run, so the run can end."""
@@ -65,7 +83,7 @@ class RetryDriver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._in_round = False
-        self._old_logs: list[tuple[str, dict[int, int], str, frozenset[str] | None]] = []  # `end_old_log`, to do
+        self._old_logs: list[OldLog] = []  # `end_old_log` requests not carried out yet
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
         self._pin_of: dict[str, str] = {}  # subscription id -> the pin its last round went to (priority pinned)
         self.live_state = live_state
@@ -113,54 +131,59 @@ class RetryDriver:
                     subscriptions: frozenset[str] | None = None) -> None:
         """Kafka's log of `kafka_topic` went back (`herald.engine.resets`): its offsets from `firsts[partition]` on
         belong to new messages now. The messages parked there (of `subscriptions`, None: all) end DISCARDED with
-        `reason`, their bodies kept in the undelivered table, before a message of the new log can be parked in
-        their place: at the latest when the next message is parked, and never while a round re-drives them (a
-        round in progress records them first)."""
+        `reason`, their bodies kept in the undelivered table. Their rows are stamped now, older than any row of a
+        new message the job parks there later, and they are taken out before such a message is parked (`park`):
+        so a parked message of the new log never takes an old one's place unrecorded. From now on they are not
+        re-driven; a round re-driving them already records what it did, except parking them again."""
         with self._lock:
-            self._old_logs.append((kafka_topic, dict(firsts), reason, subscriptions))
+            self._old_logs.append(OldLog(kafka_topic, dict(firsts), reason, subscriptions, stamp_ms()))
         self._wake.set()
 
+    def _old_log_of(self, subscription_id: str, message: ParkedMessage) -> OldLog | None:
+        """(lock held) The `end_old_log` request that covers a parked message, if any."""
+        for old in self._old_logs:
+            if old.covers(subscription_id, message):
+                return old
+        return None
+
     def _end_old_logs(self) -> None:
-        """Carry out the `end_old_log` requests: take their messages out, then record their discards."""
+        """Carry out the `end_old_log` requests, once no round re-drives their messages: take the messages out,
+        then record their discards."""
         with self._lock:
-            while self._old_logs and self._in_round:  # a round's messages are its own until it ends
+            while self._old_logs and self._in_round:  # the round records what it did to them first
                 self._round_over.wait()
             if not self._old_logs:
                 return
             requests, self._old_logs = self._old_logs, []
             configured = {subscription.id: subscription for subscription in self.context.config.subscriptions}
-            ended: list[tuple[Subscription, list[ParkedMessage], str]] = []
-            for kafka_topic, firsts, reason, only in requests:
+            ended: list[tuple[OldLog, Subscription, list[ParkedMessage]]] = []
+            for old in requests:
                 for subscription_id, messages in self._parked.items():
-                    if subscription_id not in configured or only is not None and subscription_id not in only:
-                        continue  # a subscription removed meanwhile is delivered nothing more here
-                    gone = [key for key, message in messages.items() if message.kafka_topic == kafka_topic
-                            and key[0] in firsts and key[1] >= firsts[key[0]]]
+                    if subscription_id not in configured:  # removed meanwhile: it is delivered nothing more here
+                        continue
+                    gone = [key for key, message in messages.items() if old.covers(subscription_id, message)]
                     if gone:
-                        ended.append((configured[subscription_id], [messages.pop(key) for key in gone], reason))
-        if ended:
-            self._record_ended(ended)
+                        ended.append((old, configured[subscription_id], [messages.pop(key) for key in gone]))
+        for old, subscription, messages in ended:
+            self._record_ended(old, subscription, messages)
 
-    def _record_ended(self, ended: list[tuple[Subscription, list[ParkedMessage], str]]) -> None:
-        """DISCARDED rows (undelivered and retries) for parked messages ended by `end_old_log`."""
+    def _record_ended(self, old: OldLog, subscription: Subscription, messages: list[ParkedMessage]) -> None:
+        """DISCARDED rows (undelivered and retries), stamped when the request was made, for the parked messages
+        an `end_old_log` request ended."""
+        outcome = SubscriptionOutcome(subscription)
+        for message in messages:
+            record, state = message.record, message.state
+            outcome.discarded.append(Discarded(
+                record.partition, record.offset, record.message_id or "", old.reason, EndedBy.RESET,
+                state.last_status, state.attempts, record.body, record.timestamp_ms, old.stamp_ms, raw_value=record.raw,
+                schema_id=record.schema_id, schema_version=record.schema_version, key=record.key))
+            outcome.resolved[(record.partition, record.offset)] = (record, DISCARDED)
+        outcome.counters.discarded = len(messages)
         context = self.context
-        stamp = stamp_ms()
-        result = RoundResult(RETRY, f"reset-retries:{context.run_id}", next(self._rounds), ended[0][1][0].kafka_topic,
-                             context.cluster)
-        for subscription, messages, reason in ended:
-            outcome = SubscriptionOutcome(subscription)
-            for message in messages:
-                record, state = message.record, message.state
-                outcome.discarded.append(Discarded(
-                    record.partition, record.offset, record.message_id or "", reason, EndedBy.RESET,
-                    state.last_status, state.attempts, record.body, record.timestamp_ms, stamp, raw_value=record.raw,
-                    schema_id=record.schema_id, schema_version=record.schema_version, key=record.key))
-                outcome.resolved[(record.partition, record.offset)] = (record, DISCARDED)
-            outcome.counters.discarded = len(messages)
-            result.outcomes.append(outcome)
-        log.warning("%d parked message(s) of %s end DISCARDED: %s", sum(len(m) for _, m, _ in ended),
-                    result.kafka_topic, ended[0][2])
-        steps.record(context, result, 0.0, stamp)
+        log.warning("%s: %d parked message(s) of %s end DISCARDED: %s", subscription.id, len(messages),
+                    old.kafka_topic, old.reason)
+        steps.record(context, RoundResult(RETRY, f"reset-retries:{context.run_id}", next(self._rounds),
+                                          old.kafka_topic, context.cluster, [outcome]), 0.0, old.stamp_ms)
 
     def parked_count(self, subscription_id: str) -> int:
         with self._lock:
@@ -240,7 +263,8 @@ class RetryDriver:
     def _due(self) -> dict[str, list[ParkedMessage]]:
         """(lock held) `due_now`."""
         horizon = now_ms() + _EARLY_MS
-        due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)]
+        due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)
+                     and self._old_log_of(sid, m) is None]
                for sid, messages in self._parked.items()
                if sid in self._active and self._next_permit.get(sid, 0) <= horizon
                and not self.context.holds(sid)}  # held: its pin changes hands, or it has no endpoint (§5c)
@@ -284,9 +308,11 @@ class RetryDriver:
             registry = self._parked.get(subscription_id, {})
             for message in due:
                 key = (message.record.partition, message.record.offset)
-                if registry.get(key) is not message:  # ended meanwhile (`end_old_log`): its rows are written
+                if registry.get(key) is not message:  # taken out meanwhile: its rows are another's to write
                     continue
                 item = again.get(key)
+                if item is not None and self._old_log_of(subscription_id, message) is not None:
+                    continue  # its offset belongs to a new log's message now: `_end_old_logs` ends it
                 if item is not None:  # some endpoint still to reach, or still retrying
                     if (item.state.attempts != message.state.attempts
                             or _progress(item.state) != _progress(message.state)):
