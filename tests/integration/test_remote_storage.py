@@ -21,12 +21,15 @@ from tests.support.subscriber import ScriptedSubscriber
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
+@pytest.mark.parametrize("form", ["file://", "file:"], ids=["file-uri", "hadoop-file"])
 def test_a_subscription_moved_back_on_an_idle_topic_is_delivered_again_with_a_file_uri_checkpoint(
-        broker, spark, topic_name, tmp_path):
+        broker, spark, topic_name, tmp_path, form):
     """The topic is idle at the second run: only the checkpoint says the query is at offset 10. `b` was moved
-    back to 0 (a retransmission) between the runs, so it is behind the query and --once delivers it again."""
+    back to 0 (a retransmission) between the runs, so it is behind the query and --once delivers it again.
+    Both forms the configuration accepts: `file:///x`, and Hadoop's `file:/x` (its checkpoint was read as a
+    relative path `file:/x/...`, and every micro-batch failed)."""
     broker.create_topics({topic_name: 1})
-    storage = f"file://{tmp_path / 'remote'}"
+    storage = f"{form}{tmp_path / 'remote'}"
     with ScriptedSubscriber() as sub:
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {
             "a": {"endpoint": f"{sub.url}/a"}, "b": {"endpoint": f"{sub.url}/b"}},

@@ -18,9 +18,13 @@ import json
 import os
 from collections.abc import Mapping
 
+from herald.storage.local_files import local_path
 
-def _local(path: str) -> bool:
-    return "://" not in path and not path.startswith("dbfs:")
+
+def _on_disk(path: str) -> str | None:
+    """The local file system path of a checkpoint path: a plain path, `file:///x` or Hadoop's `file:/x` (None:
+    a cluster file system's, read through Spark's Hadoop client)."""
+    return local_path(path)
 
 
 def _hadoop(spark, path: str):
@@ -31,7 +35,9 @@ def _hadoop(spark, path: str):
 
 
 def _read_text(spark, path: str) -> str | None:
-    if _local(path):
+    local = _on_disk(path)
+    if local is not None:
+        path = local
         try:
             with open(path, encoding="utf-8") as file:
                 return file.read()
@@ -49,7 +55,9 @@ def _read_text(spark, path: str) -> str | None:
 
 def _batch_ids(spark, directory: str) -> list[int]:
     """The micro-batch ids logged in one of the checkpoint's logs (`offsets` or `commits`), local or remote."""
-    if _local(directory):
+    local = _on_disk(directory)
+    if local is not None:
+        directory = local
         names = os.listdir(directory) if os.path.isdir(directory) else []
     else:
         fs, hadoop_path = _hadoop(spark, directory)
@@ -125,9 +133,11 @@ def remove(spark, path: str, must: bool = False) -> None:
     """Delete a checkpoint directory (local or remote) and everything in it; nothing when it does not exist.
     must: raise when some of it is still there (a query started on what is left could keep the old query id
     and count its micro-batches from 0 again, under slices the tables already hold)."""
-    if _local(path):
+    local = _on_disk(path)
+    if local is not None:
         import shutil
 
+        path = local
         shutil.rmtree(path, ignore_errors=True)
         if must and os.path.exists(path):
             raise RuntimeError(f"could not delete the stale checkpoint {path}")
@@ -141,7 +151,9 @@ def remove(spark, path: str, must: bool = False) -> None:
 
 def children(spark, directory: str) -> list[str]:
     """The names of the directories in `directory` (local or remote); none when it does not exist."""
-    if _local(directory):
+    local = _on_disk(directory)
+    if local is not None:
+        directory = local
         return sorted(name for name in os.listdir(directory) if os.path.isdir(os.path.join(directory, name))) \
             if os.path.isdir(directory) else []
     fs, hadoop_path = _hadoop(spark, directory)
