@@ -54,6 +54,7 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        warn_about_speculation(active)
         return active
     submitted = _submitted_conf() if _launched_by_spark_submit() else {}
     effective_master = platform_master(submitted, master)
@@ -62,6 +63,7 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
         builder = builder.master(effective_master)
     settings = dict(_LOCAL_DEFAULTS) if effective_master.startswith("local") else {}
     settings.update(conf or {})
+    settings.update(delivery_settings(submitted, settings))
     for key, value in settings.items():
         builder = builder.config(key, value)
     if effective_master.startswith("local"):
@@ -75,6 +77,33 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+SPECULATION = "spark.speculation"
+
+
+def delivery_settings(submitted: Mapping[str, str], configured: Mapping[str, str]) -> dict[str, str]:
+    """What Herald's delivery needs of the session it builds, whatever spark-submit (`submitted`) or herald.yaml
+    (`configured`) asked: no speculation. A speculative copy of a slow delivery task sends its messages again
+    beside the first, past the round's inflight and rate (a slow subscriber is exactly what makes a task slow).
+    A request for it is logged as overridden. (A session that exists already, Databricks', keeps its own: see
+    `warn_about_speculation`.)"""
+    for source, values in (("spark-submit", submitted), ("herald.yaml", configured)):
+        if str(values.get(SPECULATION, "false")).lower() == "true":
+            log.warning("%s=true from %s is overridden: a speculative copy of a delivery task would send its "
+                        "messages a second time, past the subscription's inflight and rate", SPECULATION, source)
+    return {SPECULATION: "false"}
+
+
+def warn_about_speculation(spark) -> None:
+    """Log when a session Herald did not build (Databricks') runs speculative tasks."""
+    try:
+        enabled = str(spark.conf.get(SPECULATION, "false")).lower() == "true"
+    except Exception:  # noqa: BLE001 - a session that cannot say (Spark Connect): nothing to warn about
+        return
+    if enabled:
+        log.warning("%s is true on this cluster: a speculative copy of a delivery task sends its messages a "
+                    "second time, past the subscription's inflight and rate; set it to false", SPECULATION)
 
 
 def platform_master(submitted: Mapping[str, str], configured: str | None) -> str:

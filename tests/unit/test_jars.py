@@ -78,3 +78,12 @@ def test_spark_submits_master_is_the_one_a_session_runs_on(caplog):
         assert platform_master({"spark.master": "spark://h:7077"}, "local[*]") == "spark://h:7077"
     assert "spark.master local[*] in herald.yaml is ignored: spark-submit runs this job on spark://h:7077" \
         in caplog.text
+
+
+def test_sessions_herald_builds_never_speculate(caplog):
+    from herald.session import delivery_settings
+
+    assert delivery_settings({}, {}) == {"spark.speculation": "false"}
+    with caplog.at_level("WARNING", logger="herald.session"):
+        assert delivery_settings({"spark.speculation": "true"}, {}) == {"spark.speculation": "false"}
+    assert "spark.speculation=true from spark-submit is overridden" in caplog.text
