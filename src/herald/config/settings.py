@@ -72,6 +72,9 @@ class StreamingSettings(Strict):
     parkAfterMs: milliseconds that a subscription's retries, once nothing else is left for it in the
         micro-batch, keep being retried in the task before they are parked.
     configPollMs: milliseconds between two looks of a running job for configuration changes.
+    controlPort: the TCP port of the driver's control endpoint, which running tasks ask every configPollMs which
+        subscriptions are delivered (0: a free port; on a cluster whose network lets only some ports through
+        from executors to the driver, one of those).
     """
 
     triggerInterval: str = "1 second"
@@ -79,6 +82,7 @@ class StreamingSettings(Strict):
     batchDeadlineMs: Annotated[int, Field(ge=1000, le=600_000)] = 10_000
     parkAfterMs: Annotated[int, Field(ge=0, le=60_000)] = 1000
     configPollMs: Annotated[int, Field(ge=200, le=600_000)] = 2000
+    controlPort: Annotated[int, Field(ge=0, le=65535)] = 0
 
     @property
     def batch_deadline_s(self) -> float:

@@ -25,6 +25,8 @@ class ControlPoller:
         self.poll_s = poll_s
         self.timeout_s = timeout_s
         self._versions: dict[str, str] | None = None
+        self._answered = False
+        self._failed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="herald-control", daemon=True)
         self._thread.start()
@@ -32,13 +34,21 @@ class ControlPoller:
     def versions(self) -> dict[str, str] | None:
         return self._versions
 
+    @property
+    def unreachable(self) -> bool:
+        """It was asked and never answered: this executor cannot reach the driver's control endpoint (its task
+        reports it, and the driver logs it once)."""
+        return self._failed and not self._answered
+
     def _run(self) -> None:
         while True:
             try:
                 with urllib.request.urlopen(self.url, timeout=self.timeout_s) as answer:
                     self._versions = dict(json.loads(answer.read())["versions"])
+                self._answered = True
             except Exception:  # noqa: BLE001 - unreachable or malformed: the task goes on as planned
                 self._versions = None
+                self._failed = True
             if self._stop.wait(self.poll_s):
                 return
 

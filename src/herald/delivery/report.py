@@ -238,6 +238,7 @@ class TaskReport:
         not read (the same causes, or a read that jumped when Kafka deleted records under it); at most
         `MAX_GAPS` per partition.
     exhausted: the task read all its input (every partition it had was read to the end of the round).
+    control_unreachable: the task asked the driver's control endpoint and never got an answer.
     """
 
     task: str = ""
@@ -246,12 +247,14 @@ class TaskReport:
     gaps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     exhausted: bool = True
     lanes: dict[int, LaneReport] = field(default_factory=dict)
+    control_unreachable: bool = False
 
     def to_arrow(self) -> pa.RecordBatch:
         rows: list[dict] = [{"row_type": "task", "stats": json.dumps(
             {"progress": {str(p): o for p, o in self.progress.items()}, "exhausted": self.exhausted,
              "firsts": {str(p): o for p, o in self.firsts.items()},
-             "gaps": {str(p): [list(gap) for gap in gaps] for p, gaps in self.gaps.items()}})}]
+             "gaps": {str(p): [list(gap) for gap in gaps] for p, gaps in self.gaps.items()},
+             "control_unreachable": self.control_unreachable})}]
         for index, lane in self.lanes.items():
             flow = lane.flow_state
             stats = {"counters": asdict(lane.counters), "stops": {str(p): o for p, o in lane.stops.items()},
@@ -300,6 +303,7 @@ class TaskReport:
                 report.firsts = {int(p): o for p, o in stats.get("firsts", {}).items()}
                 report.gaps = {int(p): [tuple(gap) for gap in gaps] for p, gaps in stats.get("gaps", {}).items()}
                 report.exhausted = stats["exhausted"]
+                report.control_unreachable = stats.get("control_unreachable", False)
                 continue
             lane = report.lanes.setdefault(row["lane"], LaneReport())
             if kind == "lane":

@@ -294,7 +294,8 @@ class TaskSender:
         offsets = {p: np.concatenate(arrays) for p, arrays in self._offsets.items()}
         report = TaskReport(task=uuid.uuid4().hex, progress=dict(self._progress), exhausted=exhausted,
                             firsts={p: int(values[0]) for p, values in offsets.items() if len(values)},
-                            gaps={p: _gaps(values) for p, values in offsets.items() if len(values) > 1})
+                            gaps={p: _gaps(values) for p, values in offsets.items() if len(values) > 1},
+                            control_unreachable=self._control is not None and self._control.unreachable)
         for index, lane in self.lanes.items():
             lane.report.forget_rereads()
             lane_report = lane.report

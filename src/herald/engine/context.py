@@ -50,6 +50,7 @@ class EngineContext:
     catchup_slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
     round_listeners: list[Callable] = field(default_factory=list)
     control_url: str | None = None  # where running tasks ask which subscriptions are delivered now
+    on_task_reports: Callable[[list], None] | None = None  # each Kafka round's task reports (the control endpoint's)
     on_unrecorded: Callable[[str], None] | None = None  # the job's stop, told why (`unrecorded`)
     priority: Priority = field(init=False)
     discovery: Discoveries = field(init=False)

@@ -163,6 +163,8 @@ def delivered(context: EngineContext, kafka_topic: str, members: list[Participan
               known_lost: Lost = ()) -> list[SubscriptionOutcome]:
     """What a round of `ranges` did for each member, from its tasks' reports (offsets Kafka deleted before they
     were read included: `lost_in`)."""
+    if context.on_task_reports is not None:
+        context.on_task_reports(reports)
     return outcomes(members, ranges, reports, lost_in(context, kafka_topic, ranges, reports, known_lost))
 
 

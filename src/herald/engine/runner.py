@@ -103,10 +103,13 @@ class Runner:
         context.priority.start()  # picks up `herald unpin`, and retries a switch whose record failed
         context.discovery.start()
         if not once:  # a --once run sees no configuration change
-            self.control = ControlServer(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
+            driver_host = self.spark.conf.get("spark.driver.host", "127.0.0.1")
+            self.control = ControlServer(self.spark.conf.get("spark.driver.bindAddress", None) or driver_host,
+                                         driver_host, settings.streaming.controlPort)
             self.control.publish(active, context.priority.pin_ids())
             self.control.start()
             context.control_url = self.control.url
+            context.on_task_reports = self.control.note_reports
             context.priority.listeners.append(lambda advisory: self._publish_control())
         handed = {(move.subscription, move.move_id) for move in unapplied_moves(store) if topics.apply_move(move)}
         retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
