@@ -4,6 +4,7 @@ No real registry can run here: Karapace is not on PyPI and Confluent's is Java f
 implements the endpoints Herald calls, with Confluent's JSON shapes, and counts the calls it receives:
 GET /schemas/ids/{id}, GET /schemas/ids/{id}/versions, GET /subjects/{subject}/versions/latest,
 GET /subjects/{subject}/versions, GET /subjects/{subject}/versions/{version}, POST /subjects/{subject}/versions.
+An outage is played with `fail_next`: the next requests answer an error status (503 by default) instead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class SchemaRegistryServer:
         self.schemas: dict[int, str] = {}
         self.subjects: dict[str, list[int]] = {}
         self.calls: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()  # requests answered with `fail_next`'s status, by "METHOD path"
+        self._failures: list[tuple[re.Pattern, int]] = []  # (path pattern, status), one per request to fail
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -65,9 +68,20 @@ class SchemaRegistryServer:
                 versions.append(schema_id)
         return schema_id
 
+    def fail_next(self, times: int, status: int = 503, path: str = ".*") -> None:
+        """The next `times` requests whose path matches the regular expression `path` answer `status` (with a
+        Confluent error body), as a registry that is down or overloaded; then it answers as usual again."""
+        with self._lock:
+            self._failures += [(re.compile(path), status)] * times
+
     def _answer(self, method: str, path: str, body: bytes) -> tuple[int, object]:
         with self._lock:
             self.calls[f"{method} {path}"] += 1
+            failure = next((f for f in self._failures if f[0].fullmatch(path)), None)
+            if failure is not None:
+                self._failures.remove(failure)
+                self.failed[f"{method} {path}"] += 1
+                return failure[1], {"error_code": failure[1] * 100, "message": "Service unavailable"}
         if match := re.fullmatch(r"/schemas/ids/(\d+)", path):
             schema_id = int(match.group(1))
             if schema_id in self.schemas:

@@ -10,6 +10,10 @@ Two encodings, as the topic declares:
 Each record becomes: `json` (the record as plain JSON, see `herald.avro.convert`), `schema_id` /
 `schema_version` (for the Schema-Id / Schema-Version headers), or `decode_error` saying why it could not be
 decoded (such a record is not delivered: it goes to the undelivered table, and the subscription carries on).
+A record cannot be decoded when its bytes do not decode, or when the registry says its schema id does not exist;
+a registry that cannot answer (down, 5xx, 429, credentials refused: `herald.avro.registry`) raises its
+`SchemaRegistryError` instead, naming the schema id, which fails the Spark task and so the round: the position
+stays and the round is run again later, with backoff.
 What an AVRO subscription receives, the Avro binary without the wire-format prefix, is cut from the value in
 the JVM (`AvroSource.payload_sql`), so the bytes do not travel through Python twice.
 """
@@ -25,7 +29,7 @@ import fastavro
 import pyarrow as pa
 
 from herald.avro.convert import plain_schema, to_json
-from herald.avro.registry import RegistryClient, SchemaRegistryError
+from herald.avro.registry import RegistryClient, SchemaRegistryError, UnknownSchemaError
 
 WIRE_MAGIC = 0
 
@@ -89,8 +93,10 @@ class AvroDecoder:
             schema = self._schemas.get(schema_id) or self._schemas.setdefault(
                 schema_id, _parse(self._registry.schema(schema_id)))
             version = self._registry.version(schema_id, self.source.subject) if self.source.subject else None
-        except SchemaRegistryError as error:
+        except UnknownSchemaError as error:
             raise DecodeError(f"schema id {schema_id}: {error}") from None
+        except SchemaRegistryError as error:  # the registry could not say: the round fails, nothing is discarded
+            raise type(error)(f"schema id {schema_id}: {error}") from None
         return Decoded(self._to_json(schema, payload), schema_id, version)
 
     @staticmethod

@@ -11,9 +11,11 @@ built by `herald.avro.render` to equal `herald.avro.convert.to_json`'s; tests/in
   knows the ids of the subject's versions (listed at most every `SUBJECT_TTL_S`) and of every id it met before,
   with their schemas and versions (`herald.avro.registry`, cached per process); each such id gets one
   `from_avro`, evaluated only for its rows (`when(id = k, ...)`), in one projection over the data. A record
-  whose id the driver does not know (another subject's, registered since the listing) or whose schema
-  `from_avro` cannot take (`render.UnsupportedSchema`) is decoded by fastavro in an Arrow UDF that sees only
-  those records' values (null for the others), so nothing is read twice.
+  whose id the driver does not know (another subject's, registered since the listing, or one the registry
+  could not give the driver) or whose schema `from_avro` cannot take (`render.UnsupportedSchema`) is decoded by
+  fastavro in an Arrow UDF that sees only those records' values (null for the others), so nothing is read
+  twice. That UDF raises when the registry cannot answer (`herald.avro.decode`): the round fails, nothing is
+  discarded.
 - A record that does not decode: `from_avro` runs PERMISSIVE and reads with a reader schema that adds one field
   with a default (`OK_FIELD`), which is null only when the record did not decode; re-encoding the record
   (`to_avro`) finds bytes left after it. The reasons are fastavro's: a tombstone, not the wire format, an id
@@ -26,6 +28,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 SPARK_AVRO_CLASS = "org.apache.spark.sql.avro.AvroDataToCatalyst"
 OK_FIELD = "__herald_decoded"
 SUBJECT_TTL_S = 30.0
+SUBJECT_RETRY_S = 5.0  # after a listing (or a schema of it) the registry could not give
 TOMBSTONE = "the record has no value (a tombstone)"
 INVALID = "invalid Avro binary: spark-avro could not read the record with its schema"
 _DECODED = "__herald_avro"
@@ -169,38 +173,49 @@ def _finished(decoded):
 class KnownId:
     plan: SchemaPlan | None  # None: decoded by fastavro (its schema is not one from_avro takes)
     version: int | None
-    error: str | None = None  # the reason every record with this id is not delivered
 
 
 class RegistryPlans:
-    """The driver's view of a registry subject's schema ids, shared by the rounds of a process."""
+    """The driver's view of a registry subject's schema ids, shared by the rounds of a process. An id it could not
+    learn (the registry did not answer) is not kept: its records go to fastavro on the executors, which ask the
+    registry themselves (and fail the round if it still cannot answer), and the subject is listed again after
+    `SUBJECT_RETRY_S` rather than `SUBJECT_TTL_S`. `clock`: monotonic seconds."""
 
-    def __init__(self, source: AvroSource) -> None:
+    def __init__(self, source: AvroSource, clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
         self.client = RegistryClient(source.registry_url)
         self.known: dict[int, KnownId] = {}
-        self._listed_at = float("-inf")
+        self._clock = clock
+        self._next_listing = float("-inf")
 
     def current(self) -> dict[int, KnownId]:
-        if self.source.subject and time.monotonic() - self._listed_at >= SUBJECT_TTL_S:
+        if self.source.subject and self._clock() >= self._next_listing:
+            complete = True
             try:
                 listed = self.client.subject_ids(self.source.subject)
             except SchemaRegistryError as error:
                 log.warning("schema registry: the versions of %s could not be listed (%s); records with ids "
                             "not seen before are decoded by fastavro", self.source.subject, error)
-                listed = {}
-            self._listed_at = time.monotonic()
+                listed, complete = {}, False
             for schema_id in listed:
                 if schema_id not in self.known:
-                    self.known[schema_id] = self._learn(schema_id)
+                    learnt = self._learn(schema_id)
+                    if learnt is None:
+                        complete = False
+                    else:
+                        self.known[schema_id] = learnt
+            self._next_listing = self._clock() + (SUBJECT_TTL_S if complete else SUBJECT_RETRY_S)
         return dict(self.known)
 
-    def _learn(self, schema_id: int) -> KnownId:
+    def _learn(self, schema_id: int) -> KnownId | None:
+        """The plan of `schema_id`, or None when the registry could not give its schema or version (logged)."""
         try:
             text = self.client.schema(schema_id)
             version = self.client.version(schema_id, self.source.subject) if self.source.subject else None
-        except SchemaRegistryError as error:  # not cached: another round asks again
-            return KnownId(None, None, f"schema id {schema_id}: {error}")
+        except SchemaRegistryError as error:
+            log.warning("schema registry: schema id %d of %s could not be fetched (%s); its records are decoded "
+                        "by fastavro", schema_id, self.source.subject, error)
+            return None
         try:
             return KnownId(SchemaPlan.of(text), version)
         except UnsupportedSchema as reason:
@@ -217,7 +232,7 @@ def _registry_plans(source: AvroSource) -> RegistryPlans:
 
 
 def _wire_format(raw, source: AvroSource):
-    known = {k: v for k, v in _registry_plans(source).current().items() if v.error is None}
+    known = _registry_plans(source).current()
     plans = {schema_id: entry.plan for schema_id, entry in known.items() if entry.plan is not None}
     columns = raw.columns
     value = F.col("value")
