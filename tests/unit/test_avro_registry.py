@@ -12,6 +12,8 @@ from herald.avro.decode import AvroSource, DecodeError, decode_batches
 from herald.avro import registry as registry_module
 from herald.avro.jvm import SUBJECT_RETRY_S, SUBJECT_TTL_S, RegistryPlans
 from herald.avro.registry import RegistryUnavailableError, SchemaRegistryError, clear_cache
+from herald.engine.catchup import failure_backoff_s
+from herald.engine.supervision import outage, short_error
 from tests.conftest import free_port
 from tests.support.clock import FakeClock
 from tests.support.registry import SchemaRegistryServer, wire_bytes
@@ -127,3 +129,14 @@ def test_the_driver_does_not_keep_an_id_it_could_not_learn():
         plans.current()
         assert sum(registry.calls.values()) == calls, "all learnt: listed again after SUBJECT_TTL_S only"
 
+
+def test_a_round_failed_for_a_registry_outage_is_told_apart_and_catch_up_backs_off():
+    """What the driver sees of a task's error is its text (`short_error`): the outage is recognised there, and
+    logged as one line; catch-up rounds that keep failing wait longer each time."""
+    text = ("An exception was thrown from the Python worker:\nTraceback (most recent call last):\n  File ...\n"
+            "herald.avro.registry.RegistryUnavailableError: schema id 3: schema registry http://h:8081: "
+            "GET /schemas/ids/3 answered 503\n\tat org.apache.spark.api.python.BasePythonRunner...")
+    reason = short_error(RuntimeError(text))
+    assert reason.startswith("herald.avro.registry.RegistryUnavailableError: schema id 3") and outage(reason)
+    assert not outage(short_error(RuntimeError("ValueError: something else")))
+    assert [failure_backoff_s(n) for n in (1, 2, 3, 4, 6, 7, 20)] == [2, 4, 8, 16, 60, 60, 60]

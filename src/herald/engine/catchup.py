@@ -11,7 +11,9 @@ running empty rounds, as a BATCH subscription stopped at its open batch waits fo
 new records to fill it. More generally, a round that could do nothing for a subscription (no attempt, no
 position moved: its only in-flight slot held by a message whose retry is not due, an open batch that fewer
 messages than its size pass the filters of) is not run again until something can change that: new records, the
-earliest due time of what it carries, its rate's next permit, or at the latest `IDLE_RECHECK_MS`.
+earliest due time of what it carries, its rate's next permit, or at the latest `IDLE_RECHECK_MS`. A round that
+fails (a Kafka read, a schema registry that cannot answer) leaves its subscriptions where they were and is tried
+again after `failure_backoff_s`: 2, 4 ... 60 s while the rounds keep failing.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from herald.engine.context import now_ms
 from herald.engine.positions import Lost, behind, catch_up_ranges, earliest
 from herald.engine.rounds import CATCHUP, RoundResult
 from herald.engine.state import SubscriptionState
-from herald.engine.supervision import short_error
+from herald.engine.supervision import outage, short_error
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import read_kafka_range
 
 log = logging.getLogger(__name__)
 
 _IDLE_S = 0.5
+FIRST_FAILURE_BACKOFF_S = 2.0
+MAX_FAILURE_BACKOFF_S = 60.0
 IDLE_RECHECK_MS = 10_000
 _ROUND_IDS = itertools.count(1)
 """Catch-up round ids, unique in the process: a topic's rounds are written as `catchup:<run>:<topic>`, and a
@@ -47,6 +51,7 @@ class CatchUp:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"herald-catchup-{pipeline.kafka_topic}", daemon=True)
         self.error: BaseException | None = None
+        self._failures = 0  # its rounds that failed in a row
 
     def start(self) -> None:
         self._thread.start()
@@ -70,13 +75,22 @@ class CatchUp:
                 worked = self.round()
                 if worked:
                     self.pipeline.round_succeeded()
+                    self._failures = 0
             except Exception as error:  # noqa: BLE001 - logged; the subscriptions stay behind and are retried
-                log.exception("%s: catch-up round failed", self.pipeline.kafka_topic)
+                self._failures += 1
+                backoff_s = failure_backoff_s(self._failures)
+                reason = short_error(error)
+                if outage(reason):  # expected, and retried: one line
+                    log.warning("%s: catch-up round failed, tried again in %.0f s: %s", self.pipeline.kafka_topic,
+                                backoff_s, reason)
+                else:
+                    log.exception("%s: catch-up round failed, tried again in %.0f s", self.pipeline.kafka_topic,
+                                  backoff_s)
                 self.error = error
                 self.pipeline.failed_rounds += 1
-                self.pipeline.round_error = f"catch-up: {short_error(error)}"
+                self.pipeline.round_error = f"catch-up: {reason}"
                 worked = False
-                self._stop.wait(2.0)
+                self._stop.wait(backoff_s)
             if not worked:
                 self._wake.wait(_IDLE_S)
                 self._wake.clear()
@@ -174,6 +188,11 @@ class CatchUp:
                 deleted.append((partition, start, min(low, end)))
             clamped[partition] = (min(max(start, low), end), end)
         return clamped, deleted
+
+
+def failure_backoff_s(failures: int) -> float:
+    """Seconds to wait after `failures` (1 or more) catch-up rounds in a row failed: 2, 4, 8 ... 60."""
+    return min(FIRST_FAILURE_BACKOFF_S * 2 ** (failures - 1), MAX_FAILURE_BACKOFF_S)
 
 
 def _after_round(pipeline, group: list[SubscriptionState], results, before: dict, frontier) -> None:

@@ -40,7 +40,7 @@ from herald.engine.context import EngineContext
 from herald.engine.fanout import reports_by_round
 from herald.engine.projection import project_topics
 from herald.engine.round_steps import input_partitions
-from herald.engine.supervision import short_error
+from herald.engine.supervision import outage, short_error
 from herald.engine.task import ROUND, ROUNDS_REPORT_DDL, rounds_task
 from herald.source.kafka_offsets import partition_watermarks, topic_ids
 from herald.source.stream import open_kafka_stream
@@ -356,6 +356,11 @@ class SharedRead:
 
     @staticmethod
     def _round_failed(pipeline, batch_id: int, ranges, error: BaseException) -> None:
-        log.error("%s micro-batch %d failed; its subscriptions catch up on it", pipeline.kafka_topic, batch_id,
-                  exc_info=error)
-        pipeline.round_failed(ranges, short_error(error))
+        reason = short_error(error)
+        if outage(reason):  # expected, and retried: one line
+            log.warning("%s micro-batch %d failed; its subscriptions catch up on it: %s", pipeline.kafka_topic,
+                        batch_id, reason)
+        else:
+            log.error("%s micro-batch %d failed; its subscriptions catch up on it", pipeline.kafka_topic, batch_id,
+                      exc_info=error)
+        pipeline.round_failed(ranges, reason)

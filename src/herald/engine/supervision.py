@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from herald.avro.registry import RegistryUnavailableError
 from herald.endpoint import mask_secrets
 
 FIRST_BACKOFF_S = 1.0
@@ -111,3 +112,13 @@ def short_error(error: BaseException) -> str:
     lines = [line.strip() for line in str(getattr(error, "desc", None) or error).splitlines() if line.strip()]
     causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
     return mask_secrets(causes[-1] if causes else (lines[0] if lines else repr(error)))
+
+
+OUTAGES = (RegistryUnavailableError.__name__,)
+"""Errors (by name, as they come back from a Spark task) that say a service a round needs could not answer for a
+while: the round fails and runs again later with backoff, which is expected, so it is logged without a trace."""
+
+
+def outage(reason: str) -> bool:
+    """True when `reason` (a `short_error`) is one of the `OUTAGES`."""
+    return any(f"{name}: " in reason for name in OUTAGES)
