@@ -122,15 +122,15 @@ def test_a_job_stopped_while_storage_refuses_its_rounds_exits_1(broker, spark, t
 
     real_replace, real_append = DeltaRsStore.replace, DeltaRsStore.append
 
-    def storage_down(self, table, rows, part):
+    def storage_down(self, table, rows, part, note=None):
         if table != LEASES:
             raise OSError("storage is down")
-        return real_replace(self, table, rows, part)
+        return real_replace(self, table, rows, part, note)
 
-    def appends_down(self, table, rows):
+    def appends_down(self, table, rows, note=None):
         if table != LEASES:
             raise OSError("storage is down")
-        return real_append(self, table, rows)
+        return real_append(self, table, rows, note)
 
     monkeypatch.setattr(DeltaRsStore, "replace", storage_down)
     monkeypatch.setattr(DeltaRsStore, "append", appends_down)

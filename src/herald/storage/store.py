@@ -90,21 +90,26 @@ class TableStore(ABC):
         return f"{self.root}/{table}"
 
     @abstractmethod
-    def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
+    def replace(self, table: str, rows: pa.Table, part: Slice | Slices, note: str | None = None) -> None:
         """Make `table`'s rows of `part` (one round's slice, or several) exactly `rows` (which must all carry
-        their slice's writer and batch_id), in one commit."""
+        their slice's writer and batch_id), in one commit. note: the commit's `userMetadata` (`read_with_log`)."""
 
     @abstractmethod
-    def append(self, table: str, rows: pa.Table) -> None:
+    def append(self, table: str, rows: pa.Table, note: str | None = None) -> None:
         """Add `rows` to `table` in one commit that deletes nothing. Only for rows of a slice no one can have
         written before (a round new to the tables: `TableWriter.submit`), or rows whose readers take the newest
         (a lease holder's): written again, they would be there twice. On delta-spark it costs a tenth of a
         `replace`, which rebuilds the table's state to delete (0.3 s against 2.4 s warm: tests/benchmarks/README.md,
-        `delta_commit.py`)."""
+        `delta_commit.py`). note: as `replace`'s."""
 
     def read(self, table: str, subscription_id: str | None = None) -> pa.Table:
         """Rows of `table` (all, or one subscription's), read with delta-rs; empty if the table does not exist."""
         return DeltaRsStore.read_table(self.path(table), table, subscription_id, self.storage_options())
+
+    def read_with_log(self, table: str, after_version: int, at_most: int) -> Logged:
+        """`table`'s rows at its newest version, that version, and the notes of its commits after `after_version`
+        (at most `at_most` of the newest), read with delta-rs."""
+        return DeltaRsStore.read_table_with_log(self.path(table), table, after_version, at_most, self.storage_options())
 
     def latest(self, table: str, keys: tuple[str, ...], newest_first: str) -> pa.Table:
         """The newest row (by the SQL ordering `newest_first`) of each distinct `keys` of `table`."""
@@ -123,6 +128,16 @@ class TableStore(ABC):
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         """Compact `table`'s small files, delete the files no version younger than `retention_hours` needs, write
         a checkpoint and delete the log entries older than the table's log retention."""
+
+
+@dataclass(frozen=True)
+class Logged:
+    """A table read with its log (`TableStore.read_with_log`): its rows at `version` (-1: no table yet), and
+    (version, note) of the commits asked for, newest first; a commit written without a note has None."""
+
+    rows: pa.Table
+    version: int
+    commits: list[tuple[int, str | None]]
 
 
 @dataclass(frozen=True)
@@ -190,7 +205,7 @@ class DeltaRsStore(TableStore):
             log.info("%s: setting table properties %s", table, properties)
             current.alter.set_table_properties(properties, raise_if_not_exists=False)
 
-    def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
+    def replace(self, table: str, rows: pa.Table, part: Slice | Slices, note: str | None = None) -> None:
         from deltalake import DeltaTable, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -201,18 +216,20 @@ class DeltaRsStore(TableStore):
                wait=wait_random_exponential(multiplier=0.05, max=2), reraise=True)
         def commit() -> None:
             write_deltalake(DeltaTable(self.path(table), storage_options=self._options), rows, mode="overwrite",
-                            predicate=part.predicate, storage_options=self._options)
+                            predicate=part.predicate, storage_options=self._options,
+                            commit_properties=_noted(note))
 
         commit()
 
-    def append(self, table: str, rows: pa.Table) -> None:
+    def append(self, table: str, rows: pa.Table, note: str | None = None) -> None:
         """One attempt: delta-rs reports a log entry that may have landed (a timeout on remote storage) as a failed
         commit too, and an append tried again would then be there twice. Callers that try again replace; appends
         never conflict with each other (delta-rs commits them at the next version itself)."""
         from deltalake import write_deltalake
 
         self._ensure(table)
-        write_deltalake(self.path(table), _conform(table, rows), mode="append", storage_options=self._options)
+        write_deltalake(self.path(table), _conform(table, rows), mode="append", storage_options=self._options,
+                        commit_properties=_noted(note))
 
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         """delta-rs `optimize.compact()`, `vacuum()`, then a checkpoint and `cleanup_metadata()` (the log entries
@@ -248,19 +265,46 @@ class DeltaRsStore(TableStore):
         return DeltaRsStore.query_table(path, table, query, options)
 
     @staticmethod
-    def query_table(path: str, table: str, query: str, options: dict[str, str] | None) -> pa.Table:
+    def read_table_with_log(path: str, table: str, after_version: int, at_most: int,
+                            options: dict[str, str] | None) -> Logged:
+        """`TableStore.read_with_log`: the rows and the commits of one snapshot (the newest)."""
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(path, storage_options=options):
+            return Logged(SCHEMAS[table].empty_table(), -1, [])
+        current = DeltaTable(path, storage_options=options)
+        version = current.version()
+        asked = min(at_most, version - after_version)
+        # `history` of the newest version only: of a version loaded by time travel, delta-rs 1.6 numbers them wrong
+        commits = [(entry["version"], entry.get("userMetadata")) for entry in current.history(asked)] \
+            if asked > 0 else []
+        rows = DeltaRsStore.query_table(path, table, f"SELECT * FROM {table}", options, current)
+        return Logged(rows, version, [(v, note) for v, note in commits if after_version < v <= version])
+
+    @staticmethod
+    def query_table(path: str, table: str, query: str, options: dict[str, str] | None, loaded=None) -> pa.Table:
         """Run `query` with delta-rs' own query engine (its PyArrow-dataset bridge, `to_pyarrow_dataset`, aborts
-        the process at exit about one run in three: delta-io/delta-rs#2184)."""
+        the process at exit about one run in three: delta-io/delta-rs#2184). loaded: the table already loaded
+        (a `DeltaTable` of `path`)."""
         from deltalake import DeltaTable, QueryBuilder
 
         declared = SCHEMAS[table]
-        if not DeltaTable.is_deltatable(path, storage_options=options):
+        if loaded is None and not DeltaTable.is_deltatable(path, storage_options=options):
             return declared.empty_table()
-        result = pa.table(QueryBuilder().register(table, DeltaTable(path, storage_options=options)).execute(query)
-                          .read_all())
+        loaded = loaded if loaded is not None else DeltaTable(path, storage_options=options)
+        result = pa.table(QueryBuilder().register(table, loaded).execute(query).read_all())
         columns = [result.column(name).cast(declared.field(name).type) if name in result.schema.names
                    else pa.nulls(result.num_rows, declared.field(name).type) for name in declared.names]
         return pa.Table.from_arrays(columns, schema=declared)
+
+
+def _noted(note: str | None):
+    """delta-rs' commit properties writing `note` as the commit's `userMetadata` (as delta-spark's option does)."""
+    if note is None:
+        return None
+    from deltalake import CommitProperties
+
+    return CommitProperties(custom_metadata={"userMetadata": note})
 
 
 CHECKSUM_SETTING = "spark.databricks.delta.writeChecksumFile.enabled"
@@ -318,20 +362,25 @@ class SparkDeltaStore(TableStore):
         file_system = hadoop_path.getFileSystem(self.spark._jsparkSession.sessionState().newHadoopConf())
         return str(file_system.makeQualified(hadoop_path).toString())
 
-    def replace(self, table: str, rows: pa.Table, part: Slice | Slices) -> None:
+    def replace(self, table: str, rows: pa.Table, part: Slice | Slices, note: str | None = None) -> None:
         """One attempt: a commit that loses a race with another writer of the table raises (Delta's
         ConcurrentAppendException and kin). The table writer tries its rounds again while it may write (not
         once the job lost its lease), and the lease tries its own rows again."""
         self._ensure(table)
         frame = self.spark.createDataFrame(_conform(table, rows)).coalesce(1)  # one file, not one per core
-        (frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
-         .option("mergeSchema", "true").save(self.path(table)))
+        writer = frame.write.format("delta").mode("overwrite").option("replaceWhere", part.predicate)
+        self._noted(writer, note).option("mergeSchema", "true").save(self.path(table))
 
-    def append(self, table: str, rows: pa.Table) -> None:
+    def append(self, table: str, rows: pa.Table, note: str | None = None) -> None:
         """One attempt, as `replace`; appends alone never conflict with each other (Delta's blind appends)."""
         self._ensure(table)
         frame = self.spark.createDataFrame(_conform(table, rows)).coalesce(1)
-        frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path(table))
+        writer = frame.write.format("delta").mode("append")
+        self._noted(writer, note).option("mergeSchema", "true").save(self.path(table))
+
+    @staticmethod
+    def _noted(writer, note: str | None):
+        return writer if note is None else writer.option("userMetadata", note)
 
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         """`OPTIMIZE`, `VACUUM ... RETAIN n HOURS` (with Delta's retention check off for this statement when n is
@@ -384,6 +433,25 @@ class SparkDeltaStore(TableStore):
         if subscription_id:
             frame = frame.where(F.col("subscription") == subscription_id)
         return frame.toArrow()
+
+    def read_with_log(self, table: str, after_version: int, at_most: int) -> Logged:
+        """As delta-rs' (`TableStore.read_with_log`), with delta-spark: the newest commit first (`DESCRIBE
+        HISTORY`), the others after `after_version` only when there are more, then the rows of that version."""
+        from pyspark.errors import AnalysisException
+
+        path = self.path(table)
+        history = f"DESCRIBE HISTORY delta.`{path}`"
+        try:
+            newest = self.spark.sql(f"{history} LIMIT 1").select("version", "userMetadata").collect()
+        except AnalysisException:  # no table yet
+            return Logged(SCHEMAS[table].empty_table(), -1, [])
+        version = int(newest[0]["version"])
+        asked = min(at_most, version - after_version)
+        commits = newest if asked == 1 else [] if asked < 1 else \
+            self.spark.sql(f"{history} LIMIT {int(asked)}").select("version", "userMetadata").collect()
+        rows = self.spark.read.format("delta").option("versionAsOf", version).load(path).toArrow()
+        return Logged(rows, version, [(int(c["version"]), c["userMetadata"]) for c in commits
+                                      if after_version < int(c["version"]) <= version])
 
     def sql(self, table: str, query: str) -> pa.Table:
         from pyspark.errors import AnalysisException
