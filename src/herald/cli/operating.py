@@ -136,10 +136,7 @@ def cmd_maintain(args) -> int:
     else:  # files a job's reads may still need could go: no job may start on the tables during the pass
         lease = StorageLease(store, ttl_s=MAINTAIN_LEASE_S)  # not renewed: no lease row is written during the pass
         try:
-            running = lease.live_holders()
-            if running:
-                raise LeaseHeld(f"{running[0].shown()} holds this storage path")
-            lease.acquire()
+            lease.acquire()  # a holder whose row does not look current on this clock is watched first
         except LeaseHeld as held:
             print(f"not maintained: a retention under {MIN_RUNNING_RETENTION_HOURS:g} h could delete files a running "
                   f"job still reads ({held}); stop it first, or keep --retention-hours at "

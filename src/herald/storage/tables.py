@@ -142,11 +142,13 @@ LEASES_SCHEMA = pa.schema([  # one row per job that took the storage path's leas
     ("pid", pa.int64()),
     ("acquired_at", _TIMESTAMP),
     ("renewed_at", _TIMESTAMP),
-    ("expires_at", _TIMESTAMP),  # renewed every 10 s while the job runs
+    ("expires_at", _TIMESTAMP),  # renewed every 30 s while the job runs
     ("released", pa.bool_()),  # the job ended and gave it back
     ("writer", pa.string()),
     ("batch_id", pa.int64()),
     ("space", pa.string()),  # the holder's boot id / PID namespace: where its pid means something
+    ("seen_version", pa.int64()),  # the table version its holder decided to take the lease on (null: none)
+    ("taken_version", pa.int64()),  # the commit version of its holder's taking (null: unknown, or this row)
 ])
 
 TRACKING_SCHEMA = pa.schema([  # Hermes' message tracking (its fields, in this project's column style)
