@@ -1,10 +1,11 @@
 """The hard rate cap and the adaptive controller, on a fake clock."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from herald.delivery.flow import FlowController, FlowMode, FlowSettings, FlowState, RateCap, Turns
+from herald.delivery.flow import FlowController, FlowMode, FlowSettings, FlowState, FlowWindow, RateCap, Turns
 
 SETTINGS = FlowSettings(adjust_interval_s=1.0, slow_rate_per_s=1.0, heartbeat_interval_s=10.0)
 
@@ -217,3 +218,62 @@ def test_state_is_carried_and_split_across_tasks():
     combined = FlowState.combine([FlowState(FlowMode.NORMAL, 20.0), FlowState(FlowMode.SLOW, 0.5)], FlowState())
     assert combined == FlowState(FlowMode.SLOW, 20.5)
     assert FlowState.combine([], state) == state
+
+
+DEFAULTS = FlowSettings()  # Hermes' 30 s window
+
+
+def test_a_window_longer_than_a_round_goes_on_in_the_next_round():
+    """A round ends before the window: the state it carries says how long the window has been open and what it
+    counted; the next round's controller goes on from there and closes it when the 30 s are over."""
+    first = FlowController(100, DEFAULTS, FlowState(), now=50.0)
+    for _ in range(9):
+        first.record(True, started_at=51.0)
+    first.record(False, started_at=51.0)
+    assert first.adjust(60.0) is False
+    carried = first.state(now=60.0)
+    assert carried.window == FlowWindow(number=0, elapsed_ms=10_000, successes=1, failures=9)
+    second = FlowController(100, DEFAULTS, carried, now=7_000.0)  # another executor: a clock of its own
+    assert second.adjust(7_019.9) is False and second.mode is FlowMode.NORMAL
+    assert second.adjust(7_020.0) is True and second.mode is FlowMode.SLOW
+    assert second.state(now=7_021.0).window == FlowWindow(number=1, elapsed_ms=1000)
+
+
+def test_a_window_that_ran_out_between_rounds_closes_before_the_first_attempt():
+    carried = FlowState(window=FlowWindow(number=4, elapsed_ms=31_000, successes=0, failures=3))
+    controller = FlowController(100, DEFAULTS, carried, now=0.0)
+    assert controller.mode is FlowMode.SLOW and controller.rate_per_s == 1.0
+    assert controller.state(now=0.0).window == FlowWindow(number=5)
+
+
+def test_the_tasks_windows_merge_into_one_whatever_their_order():
+    """Every task starts from the whole carried window: the driver counts the carried results once, adds what
+    each task counted, and keeps the longest task's time. A task that closed the window wins over those still in
+    it (their results belong to the window it closed)."""
+    carried = FlowWindow(number=2, elapsed_ms=12_000, successes=5, failures=1)
+    open_windows = [FlowWindow(2, 14_000, 8, 1), FlowWindow(2, 13_500, 5, 4)]
+    assert FlowWindow.merge(open_windows, carried) == FlowWindow(2, 14_000, 8, 4)
+    assert FlowWindow.merge(open_windows[::-1], carried) == FlowWindow(2, 14_000, 8, 4)
+    closed = [FlowWindow(2, 29_900, 9, 9), FlowWindow(3, 400, 0, 2), FlowWindow(3, 300, 1, 1)]
+    assert FlowWindow.merge(closed, carried) == FlowWindow(3, 400, 1, 3)
+    assert FlowWindow.merge(closed[::-1], carried) == FlowWindow(3, 400, 1, 3)
+    state = FlowState(window=carried)
+    assert state.share(4).window == carried and FlowState(rate_per_s=8.0, window=carried).share(4).window == carried
+    assert FlowState.combine([FlowState(window=w) for w in closed], state).window == FlowWindow(3, 400, 1, 3)
+
+
+def test_the_driver_counts_the_time_between_rounds_in_the_window():
+    """The driver ages the carried window by its own clock (monotonic seconds) between rounds, and measures a
+    round no task closed the window in itself: the time Spark takes to start and end the tasks counts too."""
+    from herald.engine.state import SubscriptionState
+
+    state = SubscriptionState(subscription=None)  # type: ignore[arg-type]
+    assert state.flow_now(100.0) == FlowState(), "no round yet: the window starts with the first round"
+    state.take_flow(FlowState(window=FlowWindow(0, 8_000, 2, 3)), now_s=100.0)  # the tasks' measure
+    assert state.flow.window == FlowWindow(0, 8_000, 2, 3)
+    planned = state.flow_now(101.5)  # 1.5 s between the rounds
+    assert planned.window == FlowWindow(0, 9_500, 2, 3)
+    state.take_flow(replace(planned, window=FlowWindow(0, 17_500, 2, 9)), now_s=110.0)  # tasks ran 8 of 8.5 s
+    assert state.flow.window == FlowWindow(0, 18_000, 2, 9), "the driver's 10 s since the last round"
+    state.take_flow(FlowState(FlowMode.SLOW, 1.0, window=FlowWindow(1, 2_000)), now_s=125.0)  # a task closed it
+    assert state.flow.window == FlowWindow(1, 2_000) and state.flow_now(126.0).window.elapsed_ms == 3_000

@@ -125,6 +125,45 @@ def test_the_rate_cap_spaces_attempts_and_holds_across_rounds():
     assert transport2.sent[0].started - starts[-1] >= 0.1 - 1e-9
 
 
+def deliver_rounds_to_a_failing_subscriber(round_s: float, tasks: int, total_s: float) -> list[tuple[FlowMode, int]]:
+    """Rounds of `round_s` seconds one after another on a fake clock, to a subscriber answering 500 to
+    everything, with the default `FlowSettings` (Hermes' 30 s window): each round's `tasks` tasks start from the
+    flow state the last round carried, merged as the driver merges it. Returns each round's (mode, attempts)."""
+    clock = FakeClock()
+    carried, rounds, offset = FlowState(), [], 0
+    for _ in range(int(total_s / round_s)):
+        rows = [(record(0, o), (0,)) for o in range(offset, offset + 50)]
+        offset += 50
+        plan = lane(rate_per_s=400.0, flow_settings=FlowSettings(), flow_state=carried)
+        started, started_ms, states, attempts = clock.now, clock.wall_ms(), [], 0
+        for task_index in range(tasks):  # the round's tasks run side by side: each from the round's start
+            task_clock = FakeClock(started, started_ms)
+            report, transport, _ = run({0: plan}, [batch(rows)], lambda request, attempt: (HttpAnswer(500), 0.01),
+                                       clock=task_clock, deadline_s=round_s, park_after_s=round_s, tasks=tasks,
+                                       task_index=task_index)
+            states.append(lane_report(report).flow_state)
+            attempts += len(transport.sent)
+            clock.now = max(clock.now, task_clock.now)
+        carried = FlowState.combine(states, plan.flow_state)
+        rounds.append((carried.mode, attempts))
+    return rounds
+
+
+@pytest.mark.parametrize("round_s, tasks", [(10.0, 1), (1.0, 1), (2.0, 2)])
+def test_the_default_window_spans_rounds_and_slows_a_failing_subscriber(round_s, tasks):
+    """The default window (30 s) is longer than a round (`batchDeadlineMs`, 10 s; a failing subscription's rounds
+    end sooner): each round goes on with the window the last one carried, so a subscriber answering 500 to
+    everything drops to the slow rate after one window and to probes after the next, instead of taking the full
+    rate forever."""
+    rounds = deliver_rounds_to_a_failing_subscriber(round_s, tasks, total_s=100.0)
+    modes = [mode for mode, _ in rounds]
+    assert FlowMode.SLOW in modes[:int(40 / round_s)], modes
+    assert modes[-1] is FlowMode.HEARTBEAT and FlowMode.HEARTBEAT in modes[:int(70 / round_s)], modes
+    first_window = sum(attempts for _, attempts in rounds[:int(30 / round_s)])
+    last_window = sum(attempts for _, attempts in rounds[-int(30 / round_s):])
+    assert last_window * 100 < first_window, (first_window, last_window)
+
+
 def test_inflight_bounds_open_attempts_and_inflight_one_keeps_order():
     rows = [(record(0, o), (0,)) for o in range(20)]
     respond = scripted({("http://sub/a", 3): [500, 500, 200]})
@@ -257,6 +296,7 @@ def test_the_report_survives_the_trip_through_arrow():
     report, _, _ = run({0: lane(), 3: lane("http://sub/b")}, [batch([(record(0, o), (0, 3)) for o in range(4)])],
                        respond, park_after_s=0.5)
     (back,) = TaskReport.from_table(__import__("pyarrow").Table.from_batches([report.to_arrow()]))
+    assert report.lanes[0].flow_state.window.failures > 0, "its open window goes back to the driver too"
     assert back.progress == report.progress and back.exhausted == report.exhausted
     for index in (0, 3):
         original, copy = report.lanes[index], back.lanes[index]

@@ -16,15 +16,17 @@ two permits (rate: what the round's lanes start at, the adaptive controller's; d
 
 A "failure" is an attempt whose outcome slows the flow (see `outcome.classify`). Results of attempts that
 started before the last slow-down are ignored: one result per backoff window, as NSQ asks.
-The state survives micro-batches: the driver carries `FlowState` from one batch's tasks to the next.
-All durations are seconds, all rates attempts per second.
+The state survives micro-batches: the driver carries `FlowState` from one batch's tasks to the next, the open
+window included (`FlowWindow`): a window (Hermes' 30 s) is longer than a round, so it closes in whichever round
+it runs out in.
+All durations are seconds (a carried window's: milliseconds), all rates attempts per second.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class FlowMode(str, enum.Enum):
@@ -50,30 +52,73 @@ class FlowSettings:
 
 
 @dataclass(frozen=True)
+class FlowWindow:
+    """The controller's open window, carried from round to round.
+
+    number: how many windows the subscription's controller closed before this one. When the driver merges a
+        round's tasks, it tells the tasks that closed the window they were given from those still in it.
+    elapsed_ms: how long it has been open, in milliseconds. A duration, never an instant: the tasks carrying it
+        run on executors with clocks of their own. Tasks add the time they deliver, the driver the time between
+        rounds (on its own clock, `herald.engine.state.SubscriptionState.flow_now`).
+    successes / failures: the results it counted (a failure: an attempt that slows the flow).
+    """
+
+    number: int = 0
+    elapsed_ms: int = 0
+    successes: int = 0
+    failures: int = 0
+
+    @staticmethod
+    def merge(task_windows: list[FlowWindow], carried: FlowWindow) -> FlowWindow:
+        """The subscription's window after a round whose tasks all started from `carried` (each with its whole
+        counts) and reported `task_windows` (not empty). When none closed it, it stays open: the counts the
+        tasks added, summed, on top of the carried ones, and the longest task's time. Otherwise the latest
+        window any task opened: the counts of the tasks that opened it, summed, and the longest time since; the
+        results of tasks still in the old window are dropped, as results from before a slow-down are."""
+        latest = max(window.number for window in task_windows)
+        current = [window for window in task_windows if window.number == latest]
+        elapsed_ms = max(window.elapsed_ms for window in current)
+        if latest == carried.number:
+            return FlowWindow(latest, elapsed_ms,
+                              carried.successes + sum(window.successes - carried.successes for window in current),
+                              carried.failures + sum(window.failures - carried.failures for window in current))
+        return FlowWindow(latest, elapsed_ms, sum(window.successes for window in current),
+                          sum(window.failures for window in current))
+
+
+@dataclass(frozen=True)
 class FlowState:
-    """What the controller carries between micro-batches for the whole subscription: its mode, its rate, and
-    when the hard cap gives the next permit (epoch ms), so the cap also holds across batch boundaries."""
+    """What the controller carries between micro-batches for the whole subscription: its mode, its rate, when
+    the hard cap gives the next permit (epoch ms), so the cap also holds across batch boundaries, and its open
+    window."""
 
     mode: FlowMode = FlowMode.NORMAL
     rate_per_s: float | None = None  # None: start at the hard cap
     next_permit_ms: int = 0
+    window: FlowWindow = FlowWindow()
 
     def share(self, tasks: int) -> FlowState:
-        """This state as seen by one of `tasks` tasks that split the subscription's rate evenly."""
+        """This state as seen by one of `tasks` tasks that split the subscription's rate evenly (each sees the
+        whole window: `FlowWindow.merge` counts the carried results once)."""
         if self.rate_per_s is None:
             return self
-        return FlowState(self.mode, self.rate_per_s / tasks, self.next_permit_ms)
+        return replace(self, rate_per_s=self.rate_per_s / tasks)
+
+    def aged(self, elapsed_ms: int) -> FlowState:
+        """This state with its open window `elapsed_ms` milliseconds older."""
+        return replace(self, window=replace(self.window, elapsed_ms=self.window.elapsed_ms + elapsed_ms))
 
     @staticmethod
-    def combine(task_states: list[FlowState], fallback: FlowState) -> FlowState:
-        """The subscription's state after a batch: the tasks' rates summed, the most severe mode kept, the
-        latest next permit."""
+    def combine(task_states: list[FlowState], carried: FlowState) -> FlowState:
+        """The subscription's state after a batch whose tasks started from `carried`: the tasks' rates summed,
+        the most severe mode kept, the latest next permit, their windows merged (`FlowWindow.merge`)."""
         if not task_states:
-            return fallback
+            return carried
         mode = max((state.mode for state in task_states), key=lambda mode: mode.severity)
         rates = [state.rate_per_s for state in task_states]
         rate = None if any(value is None for value in rates) else sum(rates)  # type: ignore[arg-type]
-        return FlowState(mode, rate, max(state.next_permit_ms for state in task_states))
+        return FlowState(mode, rate, max(state.next_permit_ms for state in task_states),
+                         FlowWindow.merge([state.window for state in task_states], carried.window))
 
 
 MAX_TURNS_RATE_PER_S = 100.0
@@ -192,7 +237,10 @@ class RateCap:
 
 
 class FlowController:
-    """Adaptive sending rate for one task, never above `max_rate_per_s` (the task's share of `rate`)."""
+    """Adaptive sending rate for one task, never above `max_rate_per_s` (the task's share of `rate`).
+
+    It goes on with the window `state` carries (its elapsed part and counts); a window that ran out between
+    rounds closes at once, before the task's first attempt."""
 
     def __init__(self, max_rate_per_s: float, settings: FlowSettings, state: FlowState, now: float) -> None:
         self.max_rate_per_s = max_rate_per_s
@@ -200,10 +248,13 @@ class FlowController:
         self.mode = state.mode
         initial = state.rate_per_s if state.rate_per_s is not None else max_rate_per_s
         self._rate = min(max(initial, self._floor()), max_rate_per_s)
-        self._window_start = now
+        window = state.window
+        self._window_number = window.number
+        self._window_start = now - window.elapsed_ms / 1000
         self._ignore_before = float("-inf")
-        self._successes = 0
-        self._failures = 0
+        self._successes = window.successes
+        self._failures = window.failures
+        self.adjust(now)
 
     @property
     def rate_per_s(self) -> float:
@@ -218,8 +269,12 @@ class FlowController:
         """How many requests may be open at once: one while probing in HEARTBEAT mode."""
         return 1 if self.mode is FlowMode.HEARTBEAT else inflight
 
-    def state(self, next_permit_ms: int = 0) -> FlowState:
-        return FlowState(self.mode, self.rate_per_s if self.mode is FlowMode.NORMAL else self._floor(), next_permit_ms)
+    def state(self, now: float, next_permit_ms: int = 0) -> FlowState:
+        """What later rounds go on from, at `now` (its open window `now - start` old)."""
+        window = FlowWindow(self._window_number, max(0, round((now - self._window_start) * 1000)), self._successes,
+                            self._failures)
+        return FlowState(self.mode, self.rate_per_s if self.mode is FlowMode.NORMAL else self._floor(), next_permit_ms,
+                         window)
 
     def record(self, slows: bool, started_at: float) -> None:
         """Count one finished attempt that started at `started_at` (ignored if it began before the last slow-down)."""
@@ -236,6 +291,7 @@ class FlowController:
             return False
         successes, failures = self._successes, self._failures
         self._window_start, self._successes, self._failures = now, 0, 0
+        self._window_number += 1
         if successes + failures == 0:
             return False
         before = (self.mode, self._rate)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 
 import pyarrow as pa
 
-from herald.delivery.flow import FlowMode, FlowState
+from herald.delivery.flow import FlowMode, FlowState, FlowWindow
 from herald.delivery.message import Record, RetryState
 
 MAX_GAPS = 64
@@ -258,7 +258,8 @@ class TaskReport:
         for index, lane in self.lanes.items():
             flow = lane.flow_state
             stats = {"counters": asdict(lane.counters), "stops": {str(p): o for p, o in lane.stops.items()},
-                     "cut": lane.cut, "flow": [flow.mode.value, flow.rate_per_s, flow.next_permit_ms],
+                     "cut": lane.cut, "flow": [flow.mode.value, flow.rate_per_s, flow.next_permit_ms,
+                                               list(astuple(flow.window))],
                      "pin": lane.pin_news}
             rows.append({"row_type": "lane", "lane": index, "stats": json.dumps(stats)})
             for item in lane.discarded:
@@ -311,8 +312,8 @@ class TaskReport:
                 lane.counters = LaneCounters(**stats["counters"])
                 lane.stops = {int(p): o for p, o in stats["stops"].items()}
                 lane.cut = stats["cut"]
-                mode, rate, next_permit_ms = stats["flow"]
-                lane.flow_state = FlowState(FlowMode(mode), rate, next_permit_ms)
+                mode, rate, next_permit_ms, window = stats["flow"]
+                lane.flow_state = FlowState(FlowMode(mode), rate, next_permit_ms, FlowWindow(*window))
                 lane.pin_news = tuple(stats["pin"]) if stats.get("pin") is not None else None
             elif kind == "discarded":
                 row["discarded_ms"] = row["event_ms"]

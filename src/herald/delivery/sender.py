@@ -303,7 +303,7 @@ class TaskSender:
             lane_report.counters.finished_ms = now.ms
             next_free = lane.cap.carried  # carried on as epoch ms, rounded up (0: none)
             next_permit_ms = now.ms + math.ceil((next_free - now.s) * 1000) if math.isfinite(next_free) else 0
-            lane_report.flow_state = lane.flow.state(max(next_permit_ms, 0))
+            lane_report.flow_state = lane.flow.state(now.s, max(next_permit_ms, 0))
             report.lanes[index] = lane_report
         return report
 

@@ -81,7 +81,8 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
             if lane.pin_news is not None:
                 pin_news.append(PinNews(*lane.pin_news))
         outcome.pin_news = PinNews.merge(pin_news)
-        outcome.flow_state = FlowState.combine(flow_states, participant.state.flow)
+        outcome.flow_state = FlowState.combine(flow_states, participant.plan.flow_state) if flow_states \
+            else participant.state.flow
         if participant.plan.positional:
             moved = advance(participant.state.positions, ranges, reports, participant.index)
             outcome.positions = {p: moved[p] for p in ranges if p in moved}

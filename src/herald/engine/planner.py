@@ -10,6 +10,7 @@ same proportion. The tasks of a round split their path's share again (`LanePlan.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -179,7 +180,7 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
         socket_timeout_s=spec.socket_timeout_s,
         sending_delay_s=spec.sending_delay_s,
         flow_settings=flow_settings,
-        flow_state=state.flow,
+        flow_state=state.flow_now(time.monotonic()),
         avro=subscription.contentType is ContentType.AVRO,
         ordered=spec.ordered,
         starts={} if retries else dict(state.positions),

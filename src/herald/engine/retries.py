@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from herald.config import Subscription
-from herald.delivery.flow import FlowMode, FlowState
+from herald.delivery.flow import FlowMode, FlowState, FlowWindow
 from herald.delivery.input import InputBatch
 from herald.delivery.message import Record, RetryState
 from herald.delivery.policy import EndedBy
@@ -85,11 +85,14 @@ class RetryDriver:
         self._in_round = False
         self._old_logs: list[OldLog] = []  # `end_old_log` requests not carried out yet
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
+        # subscription id -> its retry rounds' open flow window, and when (monotonic s) it was that old
+        self._windows: dict[str, tuple[FlowWindow, float]] = {}
         self._pin_of: dict[str, str] = {}  # subscription id -> the pin its last round went to (priority pinned)
         self.live_state = live_state
         """subscription id -> (its topic's lock, its running SubscriptionState), or None, so that a round starts
         from the subscription's flow state (one controller per subscription, as in Hermes: a subscriber slowed to
-        heartbeat probes gets probes here too) and hands a change of mode back."""
+        heartbeat probes gets probes here too) and hands a change of mode back. The window its retry rounds
+        count in is their own (`_windows`), carried from one retry round to the next as the reading path's is."""
 
     # -- the registry -----------------------------------------------------------------------------------------
     def load(self, topics: dict[str, str]) -> None:
@@ -290,8 +293,14 @@ class RetryDriver:
         lock, state = live
         with lock:
             if state.flow.mode is not flow.mode:
-                state.flow = FlowState(flow.mode, flow.rate_per_s if flow.mode is not FlowMode.NORMAL else None,
-                                       state.flow.next_permit_ms)
+                state.flow = replace(state.flow, mode=flow.mode,
+                                     rate_per_s=flow.rate_per_s if flow.mode is not FlowMode.NORMAL else None)
+
+    def _window_now(self, subscription_id: str, now_s: float) -> FlowWindow:
+        """The open window of the subscription's retry rounds at `now_s` (monotonic s): older by the time since
+        the last one ended."""
+        window, at_s = self._windows.get(subscription_id, (FlowWindow(), now_s))
+        return replace(window, elapsed_ms=window.elapsed_ms + max(0, round((now_s - at_s) * 1000)))
 
     def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome,
                  targets: tuple = (), pin_lost: bool = False) -> None:
@@ -354,13 +363,15 @@ class RetryDriver:
                 pin = pins[subscription.id]
                 if isinstance(pin, Pin) and self._pin_of.get(subscription.id, pin.pin_id) != pin.pin_id:
                     self._next_permit.pop(subscription.id, None)  # a new pin: the old one's slowing is not its
+                    self._windows.pop(subscription.id, None)
                 if isinstance(pin, Pin):
                     self._pin_of[subscription.id] = pin.pin_id
                     if live is not None:
                         with live[0]:
                             live[1].pinned_to(pin.pin_id)
                 flow = live[1].flow if live else FlowState()
-                flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0))
+                flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0),
+                                 self._window_now(subscription.id, time.monotonic()))
                 state = SubscriptionState(subscription, flow=flow)
                 if live is not None:  # its lag counts in its pending messages (priority overflow)
                     with live[0]:
@@ -385,6 +396,7 @@ class RetryDriver:
             lane = report.lanes[index]
             self._hand_back_flow(subscription.id, lane.flow_state)
             self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
+            self._windows[subscription.id] = (lane.flow_state.window, time.monotonic())
             outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
                                           discarded=lane.discarded, traced=lane.traced, pending=lanes[index].pending)
             pin = pins[subscription.id]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from herald.config import Subscription
 from herald.delivery.flow import FlowState
@@ -39,12 +39,15 @@ class SubscriptionState:
         positions, its Kafka lag as far as the job knows it (`pending`).
     topic_id: Kafka's id of the topic its positions are in (None: not known): a topic created again has a new
         one, and positions of the old log go on from the new one's start (herald.engine.resets).
+    flow / flow_at_s: its flow controller's state, and when (the driver's monotonic seconds; None before its
+        first round) its open window was as old as it says: the time between rounds counts in the window too.
     """
 
     subscription: Subscription
     kafka_topic: str = ""  # the Kafka topic its positions are in
     positions: dict[int, int] = field(default_factory=dict)
     flow: FlowState = field(default_factory=FlowState)
+    flow_at_s: float | None = None
     carried: dict[tuple[int, int], RetryState] = field(default_factory=dict)
     catching_up: bool = False
     busy: bool = False
@@ -63,8 +66,24 @@ class SubscriptionState:
         """Its rounds go to the pin `pin_id` now: a new pin is a new endpoint, so the flow state learnt from the
         old one (slowed to probes because it failed) does not throttle the new one."""
         if self.pin_id is not None and self.pin_id != pin_id:
-            self.flow = FlowState()
+            self.flow, self.flow_at_s = FlowState(), None
         self.pin_id = pin_id
+
+    def flow_now(self, now_s: float) -> FlowState:
+        """Its flow state for a round planned at `now_s` (the driver's monotonic seconds): its open window older
+        by the time since its last round ended."""
+        if self.flow_at_s is None:
+            return self.flow
+        return self.flow.aged(max(0, round((now_s - self.flow_at_s) * 1000)))
+
+    def take_flow(self, flow: FlowState, now_s: float) -> None:
+        """The flow state its round ended with (`FlowState.combine`), taken at `now_s` (the driver's monotonic
+        seconds). A window no task closed is as old as the driver measures it, the round's start and end
+        included (at least what the tasks measured); a window a task opened is as old as that task says."""
+        if flow.window.number == self.flow.window.number:
+            elapsed_ms = max(flow.window.elapsed_ms, self.flow_now(now_s).window.elapsed_ms)
+            flow = replace(flow, window=replace(flow.window, elapsed_ms=elapsed_ms))
+        self.flow, self.flow_at_s = flow, now_s
 
     def pending(self, parked: int) -> int:
         """Messages read or readable and not yet delivered or discarded: its lag (the topic's end as the job

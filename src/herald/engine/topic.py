@@ -458,7 +458,7 @@ class TopicPipeline:
             result = by_id.get(state.id)
             if result is None:
                 continue
-            state.flow = result.flow_state
+            state.take_flow(result.flow_state, time.monotonic())
             for partition, offset in result.positions.items():
                 state.positions[partition] = max(state.positions.get(partition, offset), offset)
             before = set(state.carried)
