@@ -52,7 +52,8 @@ def write_conf(
 def write_topics_conf(root: Path, bootstrap_servers: str, topics: dict[str, dict[str, dict]],
                       settings: dict | None = None) -> Path:
     """A conf directory with JSON topics and their subscriptions (topic -> name -> YAML fields); a
-    subscription's file is `<name>.yaml`, or `<topic>.<name>.yaml` when there are several topics."""
+    subscription's file is `<name>.yaml`, or `<topic>.<name>.yaml` when there are several topics. A section of
+    `settings` set to None is left out of herald.yaml (the defaults as shipped, e.g. `{"rateControl": None}`)."""
     conf = root / "conf"
     (conf / "topics").mkdir(parents=True, exist_ok=True)
     (conf / "subscriptions").mkdir(exist_ok=True)
@@ -64,7 +65,10 @@ def write_topics_conf(root: Path, bootstrap_servers: str, topics: dict[str, dict
         "rateControl": {"adjustIntervalMs": 500, "slowRate": 20, "heartbeatIntervalMs": 2000},
     }
     for key, value in (settings or {}).items():
-        herald[key] = {**herald.get(key, {}), **value} if isinstance(value, dict) else value
+        if value is None:
+            herald.pop(key, None)
+        else:
+            herald[key] = {**herald.get(key, {}), **value} if isinstance(value, dict) else value
     (conf / "herald.yaml").write_text(yaml.safe_dump(herald))
     for topic, subscriptions in topics.items():
         (conf / "topics" / f"{topic}.yaml").write_text(textwrap.dedent(f"name: {topic}\ncontentType: JSON\n"))
