@@ -144,3 +144,34 @@ def test_a_pinned_subscription_over_a_discovered_set_moves_its_pin_when_the_endp
                   key=lambda row: row["timestamp"])
     assert [(row["type"], row["reason"], row["endpoint"]) for row in rows] == [
         ("pinned", "start", first), ("unpinned", "endpoint removed", first), ("pinned", "endpoint removed", second)]
+
+
+def test_a_pin_taken_up_after_a_late_first_answer_reaches_the_running_tasks(broker, spark, topic_name, tmp_path):
+    """After a restart whose lookup does not answer at first, the pinned subscription takes its pin up from the
+    table once it does: the control endpoint must then serve the pinned version (definition and pin id), or
+    every running task sees a version it was not planned with and cuts the lane at its first poll."""
+    from herald.engine.control import pinned_version, version_of
+
+    broker.create_topics({topic_name: 1})
+    produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(5)])
+    with Lookup() as lookup, ScriptedSubscriber() as sub:
+        lookup.set([sub.url + "/orders"])
+        conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"orders": {
+            "endpoints": {"discovery": {"urls": [lookup.url], "pollIntervalMs": 1000, "timeoutMs": 300}},
+            "priority": {"policy": "pinned"}}})
+        assert Runner(load_config(conf), spark=spark).run(once=True) == 0, "the first run pins the endpoint"
+        pin_id = sub.requests[0].headers["Herald-Pin-Id"]
+        lookup.failing = True
+        with RunningHerald(conf, spark) as running:
+            sid = f"{topic_name}.orders"
+            assert running.runner.context.priority.holds(sid), "no answer yet: its group waits"
+            lookup.set([sub.url + "/orders"])
+            assert wait_until(lambda: running.runner.context.priority.pin_ids().get(sid) == pin_id, 30), \
+                "the pin is taken up from the table"
+            subscription = running.runner.config.subscription(sid)
+            assert wait_until(lambda: running.runner.control._versions.get(sid)
+                              == pinned_version(version_of(subscription), pin_id), 10), \
+                "the running tasks are told the pin they are planned with"
+            produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(5, 205)])
+            assert wait_until(lambda: _received(sub) == set(range(205)), 120)
+    assert {r.headers["Herald-Pin-Id"] for r in sub.requests} == {pin_id}, "the same pin across the restart"

@@ -71,6 +71,7 @@ class Priority:
         self.poll_s = poll_s
         self.listeners: list[Callable[[Advisory], None]] = []
         self.wakers: list[Callable[[], None]] = []
+        self.changed: list[Callable[[], None]] = []  # called after `configure`: the pins may differ (`pin_ids`)
         self.lock = threading.RLock()  # also held by whoever tells running tasks the pins (a consistent view)
         self._groups: dict[str, PinGroup] = {}
         self._waiting: set[str] = set()  # pinned subscriptions whose endpoints are not known yet (§5c)
@@ -116,6 +117,8 @@ class Priority:
                         self._take_unpin(group, last.get(subscription_id, {}).get(UNPINNED))
                     self._record(group.reconfigure(endpoints, timeout_ms, now))
                 self._switch_if_due(group)
+        for changed in self.changed:  # a pin taken up from the table tells no listener: the running tasks must know
+            changed()
 
     def holds(self, subscription_id: str) -> bool:
         """True while a pinned subscription has no pin to deliver with (it is changing hands, or its endpoints
