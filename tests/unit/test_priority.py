@@ -283,3 +283,40 @@ def test_a_discovery_block_never_shows_its_passwords(tmp_path):
         "shop.orders.billing").discovery
     shown = repr(discovery) + str(discovery)
     assert "pw-lookup" not in shown and "pw-endpoint" not in shown and "ops:*****@lookup-1" in shown
+
+
+def test_rounds_lease_while_a_pin_is_being_recorded(tmp_path):
+    """Every round of every topic asks `lease` (under its topic's lock): a switch whose record is slow (storage
+    down, a delta-spark commit of seconds) must not make them wait. Here the store's write blocks until the test
+    lets it go; a lease from another thread returns first, and the switching subscription sits rounds out."""
+    import threading
+
+    config, store, billing, clock, priority = pinned_job(tmp_path)
+    priority.configure(config.subscriptions)
+    pinned = priority.lease(billing)
+    writing, let_go = threading.Event(), threading.Event()
+    append = store.append
+
+    def slow_append(table, rows):
+        writing.set()
+        assert let_go.wait(30)
+        append(table, rows)
+
+    store.append = slow_append
+    clock.ms += 1500
+    releasing = threading.Thread(target=priority.release, args=(
+        "shop.orders.billing", pinned, PinNews(None, T0 + 100)))  # a timeout: unpinned, then the next pin
+    releasing.start()
+    assert writing.wait(10), "the release records what it decided"
+    leased: list = []
+    asking = threading.Thread(target=lambda: leased.append((priority.lease(billing),
+                                                            priority.holds("shop.orders.billing"))))
+    asking.start()
+    asking.join(10)
+    finished_first = not asking.is_alive()
+    let_go.set()
+    releasing.join(30)
+    asking.join(30)
+    assert finished_first, "a lease waited for the table"
+    assert leased == [(HELD, True)], "while its pin changes hands it sits rounds out"
+    assert priority.lease(billing).index == 1, "then the next endpoint is pinned"

@@ -79,6 +79,8 @@ class Priority:
         """A subscription's endpoints as people see them, in order; None while they are not known yet (a
         discovered set before its first answer): its group then waits, and its rounds with it."""
         self._batches = itertools.count(1)
+        self._outbox: list[tuple[Advisory, bool]] = []  # (advisory, to write): recorded and told by `_settle`
+        self._switching: set[str] = set()  # subscriptions whose new pin is being recorded
         self._frozen = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,17 +93,18 @@ class Priority:
         with the same group, an unpin recorded meanwhile included). Call it again when a discovered set
         changes."""
         pinned = {s.id: s for s in subscriptions if s.priority is not None and s.priority.policy == "pinned"}
+        endpoints_of = {sid: self.endpoints_of(subscription) for sid, subscription in pinned.items()}
+        with self.lock:
+            fresh = [sid for sid, endpoints in endpoints_of.items() if endpoints is not None
+                     and (sid not in self._groups or not self._groups[sid].active)]
+        last = last_advisories(self.store) if fresh else {}  # read outside the lock every round takes
         with self.lock:
             for subscription_id, group in list(self._groups.items()):
                 if subscription_id not in pinned:
                     group.active = False
                     if group.rounds <= 0:
                         del self._groups[subscription_id]
-            endpoints_of = {sid: self.endpoints_of(subscription) for sid, subscription in pinned.items()}
             self._waiting = {sid for sid, endpoints in endpoints_of.items() if endpoints is None}
-            fresh = [sid for sid in pinned if sid not in self._waiting
-                     and (sid not in self._groups or not self._groups[sid].active)]
-            last = last_advisories(self.store) if fresh else {}
             now = self.now_ms()
             for subscription_id, subscription in pinned.items():
                 endpoints, timeout_ms = endpoints_of[subscription_id], subscription.priority.timeoutMs
@@ -116,7 +119,7 @@ class Priority:
                         group.active = True
                         self._take_unpin(group, last.get(subscription_id, {}).get(UNPINNED))
                     self._record(group.reconfigure(endpoints, timeout_ms, now))
-                self._switch_if_due(group)
+        self._settle()
         for changed in self.changed:  # a pin taken up from the table tells no listener: the running tasks must know
             changed()
 
@@ -143,7 +146,6 @@ class Priority:
                 return HELD if is_pinned else None
             if not is_pinned or self.endpoints_of(subscription) != group.endpoints:
                 return HELD
-            self._switch_if_due(group)
             pin = group.lease()
             return HELD if pin is None else pin
 
@@ -158,8 +160,7 @@ class Priority:
             self._record(group.release(pin, news, self.now_ms()))
             if not group.active and group.rounds <= 0:
                 del self._groups[subscription_id]  # its last round ended after it stopped being delivered
-                return
-            self._switch_if_due(group)
+        self._settle()
 
     def _take_unpin(self, group: PinGroup, unpinned: Advisory | None) -> None:
         """(lock held) Give the pin up if `unpinned` (the table's last unpin of the subscription: `herald unpin`)
@@ -167,7 +168,7 @@ class Priority:
         if unpinned is not None and unpinned.pin_id == group.pin_id and group.leaving is None:
             advisory = group.unpin(unpinned.reason, unpinned.at_ms, unpinned.pin_id)
             if advisory is not None:
-                self._tell(advisory)
+                self._outbox.append((advisory, False))  # recorded by `herald unpin`: told only
 
     def freeze(self) -> None:
         """The job lost its storage lease: it records nothing more, so it switches no pin (another job owns
@@ -195,37 +196,67 @@ class Priority:
         with self.lock:
             return {sid: (g.endpoint if g.leaving is None else None) for sid, g in self._groups.items() if g.active}
 
-    # -- recording --------------------------------------------------------------------------------------------
-    def _switch_if_due(self, group: PinGroup) -> None:
-        """(lock held) Pin the next endpoint once the old pin's rounds have ended; recorded first. When the
-        table cannot be written the subscription keeps waiting, and the switch is tried again later. With no
-        endpoint (an empty discovered set, §5c) it waits for one."""
-        if not group.due() or not group.active or self._frozen or not group.endpoints:
-            return
+    # -- recording: never under the lock, which every round takes ----------------------------------------------
+    def _record(self, advisory: Advisory | None) -> None:
+        """(lock held) A pin given up: recorded and told by `_settle`, outside the lock. A failed write is logged:
+        the pin is given up anyway (the table then misses a row; a restart keeps the old pin)."""
+        if advisory is not None:
+            self._outbox.append((advisory, True))
+
+    def _settle(self) -> None:
+        """(lock not held) Record and tell the advisories the groups gave, then make the switches that are due:
+        each new pin is recorded before any round can get it (the group holds its rounds out until then). When
+        the table cannot be written, the subscription keeps waiting and `poll` tries the switch again."""
+        with self.lock:
+            outbox, self._outbox = self._outbox, []
+            switches = [planned for planned in map(self._plan_switch, list(self._groups.values())) if planned]
+        written = [advisory for advisory, write in outbox if write]
+        if written:
+            try:
+                self._write(written)
+            except Exception:  # noqa: BLE001 - the switch goes on; only the record is missing
+                log.exception("%s: recording that the pin was given up failed",
+                              ", ".join(a.subscription for a in written))
+        for advisory, _ in outbox:
+            self._tell(advisory)
+        for group, pinned in switches:
+            self._switch(group, pinned)
+
+    def _plan_switch(self, group: PinGroup) -> tuple[PinGroup, Advisory] | None:
+        """(lock held) The next pin of a group whose switch is due (the old pin's rounds have ended), marked as
+        being recorded; None when none is due, or it has no endpoint to pin (an empty discovered set, §5c)."""
+        if not group.due() or not group.active or self._frozen or not group.endpoints \
+                or group.subscription_id in self._switching:
+            return None
         pinned = group.next_pin(self.now_ms())
         if pinned is None:
-            return  # no endpoint to pin (an empty discovered set): its messages wait
+            return None
+        self._switching.add(group.subscription_id)
+        return group, pinned
+
+    def _switch(self, group: PinGroup, pinned: Advisory) -> None:
+        """(lock not held) Record the new pin, then make it the group's (unless the group changed meanwhile: a
+        later switch records another), tell the listeners and wake the catch-up and retry threads."""
         try:
             self._write([pinned])
         except Exception:  # noqa: BLE001 - no request carries a pin that is not recorded; tried again later
             log.exception("%s: recording the new pin failed; its messages wait, trying again in %.1f s",
                           group.subscription_id, self.poll_s)
+            with self.lock:
+                self._switching.discard(group.subscription_id)
             return
-        group.take(pinned)
+        with self.lock:
+            self._switching.discard(group.subscription_id)
+            taken = self._groups.get(group.subscription_id) is group and group.due() \
+                and pinned.endpoint in group.endpoints
+            if taken:
+                group.take(pinned)
+        if not taken:
+            self._settle()  # planned again from what the group is now
+            return
         self._tell(pinned)
         for wake in self.wakers:
             wake()
-
-    def _record(self, advisory: Advisory | None) -> None:
-        """(lock held) Record a pin given up and tell the listeners. A failed write is logged: the pin is
-        given up anyway (the table then misses a row; a restart keeps the old pin)."""
-        if advisory is None:
-            return
-        try:
-            self._write([advisory])
-        except Exception:  # noqa: BLE001 - the switch goes on; only the record is missing
-            log.exception("%s: recording that the pin was given up failed", advisory.subscription)
-        self._tell(advisory)
 
     def _write(self, advisories: list[Advisory]) -> None:
         if self._frozen:
@@ -259,7 +290,7 @@ class Priority:
             for subscription_id, group in list(self._groups.items()):
                 if group.active:
                     self._take_unpin(group, last.get(subscription_id, {}).get(UNPINNED))
-                    self._switch_if_due(group)
+        self._settle()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="herald-priority", daemon=True)
