@@ -24,6 +24,7 @@ import threading
 import time
 
 from herald.config import HeraldConfig
+from herald.delivery.flow import FlowMode, FlowSettings
 from herald.engine.context import EngineContext, now_ms
 from herald.engine.control import ControlServer
 from herald.engine.moves import MoveWatcher, unapplied_moves
@@ -282,9 +283,11 @@ class Runner:
 
     def _done(self) -> bool:
         """--once: the read has read what was there at its start, every subscription has caught up (or is
-        held at a message an ordered subscription keeps retrying), every message parked before the start and
-        due has been tried again, and the tables are written. Topics given up do not count."""
+        held: at a message an ordered subscription keeps retrying, or by flow control slowing it past the run's
+        patience, `throttled`), every message parked before the start and due has been tried again, and the
+        tables are written. Topics given up do not count."""
         deadline_s = self.config.settings.streaming.batch_deadline_s
+        flow = self.context.flow_settings
         given_up = self.supervisor.given_up()
         with self.topics.lock:
             if any(name not in given_up for name in self.topics.unstarted()):
@@ -302,6 +305,8 @@ class Runner:
             with pipeline.lock:
                 for state in pipeline.states.values():
                     frontier = pipeline.frontier or {}
+                    if throttled(state, frontier, deadline_s, flow):
+                        continue  # its round in progress ends at its deadline when the run stops
                     if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)
                                       and not self.context.discovery.holds(state.id)):  # no endpoint: next run
                         return False
@@ -366,9 +371,19 @@ class Runner:
                 continue
             for state in pipeline.states.values():
                 if pipeline.frontier and behind(state.positions, pipeline.frontier):
-                    why = ("it has no endpoint discovered (its lookups named none)"
-                           if self.context.discovery.holds(state.id) else "a message it is still retrying")
-                    print(f"{state.id} is held at {state.positions} by {why}; the next run continues from there")
+                    if self.context.discovery.holds(state.id):
+                        why = "it has no endpoint discovered (its lookups named none)"
+                    elif state.flow.mode is not FlowMode.NORMAL:
+                        why = (f"flow control: its subscriber keeps failing and is sent to at "
+                               f"{_rate_of(state, self.context.flow_settings):g} message(s) a second "
+                               f"({state.flow.mode.value})")
+                    else:
+                        why = "a message it is still retrying"
+                    left = lag(state.positions, pipeline.frontier)
+                    print(f"{state.id} is held at {state.positions} with {left} message(s) left, by {why}; the next "
+                          "run continues from there")
+                    log.warning("%s is held with %d message(s) left (%s); the next run continues from %s", state.id,
+                                left, why, state.positions)
 
     def _report_failures(self) -> int:
         """Log (and, for --once, print) the topics that were not running at the end; how many."""
@@ -379,6 +394,29 @@ class Runner:
                 print(f"topic {topic_name} could not be finished: {error} (the next run continues from its "
                       "positions)")
         return len(failed)
+
+
+def throttled(state: SubscriptionState, frontier: dict[int, int], patience_s: float, flow: FlowSettings) -> bool:
+    """A subscription behind `frontier` that flow control slowed (its subscriber keeps failing) so much that
+    what it has left would take longer than `patience_s` (seconds) at its rate now: --once counts it as held
+    until the next run, instead of probing a failing subscriber once a minute for days. (A subscription at its
+    hard `rate` is not throttled: the run delivers what was there, at the pace it was asked for.)"""
+    if state.flow.mode is FlowMode.NORMAL:
+        return False
+    left = lag(state.positions, frontier)
+    return left > 0 and left / _rate_of(state, flow) > patience_s
+
+
+def _rate_of(state: SubscriptionState, flow: FlowSettings) -> float:
+    """Messages a second flow control lets a slowed subscription send now."""
+    if state.flow.mode is FlowMode.HEARTBEAT:
+        return 1.0 / flow.heartbeat_interval_s
+    return state.flow.rate_per_s or flow.slow_rate_per_s
+
+
+def lag(positions: dict[int, int], frontier: dict[int, int]) -> int:
+    """Offsets between a subscription's positions and `frontier`."""
+    return sum(max(0, end - positions.get(partition, end)) for partition, end in frontier.items())
 
 
 def _held(state: SubscriptionState, frontier: dict[int, int], patience_s: float) -> bool:
