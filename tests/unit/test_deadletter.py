@@ -88,3 +88,66 @@ def test_a_failed_publish_is_counted_kept_and_tried_again_after_the_next_round()
         assert publisher.published_total == 3 and publisher.failed_total == 2
     finally:
         publisher.close(5)
+
+
+class SlowProducer(FlakyProducer):
+    """The first flush gives up with every letter still in flight; their reports (failures) come with the next
+    flush; after that it publishes."""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)
+        self.flushes = 0
+
+    def flush(self, timeout):
+        self.flushes += 1
+        if self.flushes == 1:
+            return len(self._callbacks)  # in flight: no report yet
+        if self.flushes == 2:
+            self.down = True
+            late, self._callbacks = self._callbacks[:2], self._callbacks[2:]
+            for callback, _ in late:
+                callback("timed out", None)
+            self.down = False
+        return super().flush(timeout)
+
+
+def test_letters_still_in_flight_when_a_flush_gives_up_come_back_with_their_reports():
+    producers = []
+    publisher = DeadLetterPublisher({"bootstrap.servers": "x"}, lambda config: producers.append(
+        SlowProducer(config)) or producers[-1], flush_timeout_s=0.1)
+    try:
+        publisher.observe(round_of(SubscriptionOutcome(subscription("a", "dlq"), discarded=[discarded(1),
+                                                                                              discarded(2)])), 0.1)
+        publisher.drain(2)
+        publisher.observe(round_of(SubscriptionOutcome(subscription("a", "dlq"), discarded=[discarded(3)])), 0.1)
+        publisher.drain(2)
+        publisher.observe(round_of(SubscriptionOutcome(subscription("a", "dlq"), discarded=[])), 0.1)
+        assert publisher.drain(5)
+        assert sorted(offset for _, _, _, offset in producers[0].published) == [b"1", b"2", b"3"], \
+            "the letters whose reports came late were published again"
+        assert publisher.failed_total == 2
+    finally:
+        publisher.close(5)
+
+
+def test_while_kafka_is_down_at_most_max_pending_letters_wait(monkeypatch, caplog):
+    from herald.engine import deadletter
+
+    monkeypatch.setattr(deadletter, "MAX_PENDING", 5)
+    producers = []
+    publisher = DeadLetterPublisher({"bootstrap.servers": "x"}, lambda config: producers.append(
+        FlakyProducer(config)) or producers[-1])
+    try:
+        for first in range(0, 12, 3):
+            publisher.observe(round_of(SubscriptionOutcome(subscription("a", "dlq"), discarded=[
+                discarded(offset) for offset in range(first, first + 3)])), 0.1)
+            publisher.drain(5)
+        assert publisher.pending == 5 and publisher.dropped_total == 7
+        assert "dead letter(s) dropped" in caplog.text
+        producers[0].down = False
+        publisher.observe(round_of(SubscriptionOutcome(subscription("a", "dlq"), discarded=[])), 0.1)
+        assert publisher.drain(5)
+        assert [offset for _, _, _, offset in producers[0].published] == [b"7", b"8", b"9", b"10", b"11"], \
+            "the newest are kept"
+    finally:
+        publisher.close(5)

@@ -4,7 +4,10 @@ also publishes every message it discards to that Kafka topic, from the driver.
 Each dead letter keeps the original record's key and value (the exact bytes read: a JSON topic's value, an
 AVRO topic's wire bytes) and carries headers saying why and where from (`HEADERS`). The undelivered table
 remains the record: a dead letter that cannot be published loses nothing, is counted (`failed_total`) and
-logged, and is tried again after the next round. Publishing uses the producer's own retries for up to 30 s,
+logged, and is tried again after the next round (at most `MAX_PENDING` wait: past that, while Kafka stays
+unreachable, the oldest are dropped and counted, `dropped_total`: their undelivered rows stay). A letter still in
+flight when a flush gives up is not forgotten: its delivery report, whenever it comes, counts it or puts it back
+in line. Publishing uses the producer's own retries for up to 30 s,
 spaced by librdkafka's exponential backoff with jitter from 1 s (seeds/002's initial backoff) up to 10 s, and
 an idempotent producer, so a retried send is not written twice; what is still not published then waits for
 the next round. A micro-batch replayed after a crash may
@@ -32,6 +35,10 @@ PRODUCER_SETTINGS = {
     "retry.backoff.max.ms": 10_000,
     "delivery.timeout.ms": 30_000,  # how long one dead letter is retried before it waits for the next round
 }
+
+
+MAX_PENDING = 100_000
+"""Most dead letters waiting to be published (while their Kafka is unreachable); the oldest go first past it."""
 
 
 @dataclass(frozen=True)
@@ -74,11 +81,14 @@ class DeadLetterPublisher:
         self._producer = producer_factory({**client_config, **PRODUCER_SETTINGS})
         self._flush_timeout_s = flush_timeout_s
         self._pending: deque[DeadLetter] = deque()
+        self._failed: deque[DeadLetter] = deque()  # failed or refused: published first at the next round
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.published_total = 0
         self.failed_total = 0  # publishes that failed (each is tried again after the next round)
+        self.dropped_total = 0  # letters dropped past MAX_PENDING (their undelivered rows stay)
+        self._in_flight = 0  # handed to the producer, no delivery report yet
         self._idle = threading.Event()
         self._idle.set()
         self._thread = threading.Thread(target=self._run, name="herald-dead-letters", daemon=True)
@@ -88,14 +98,25 @@ class DeadLetterPublisher:
         letters = dead_letters(result)
         with self._lock:
             self._pending.extend(letters)
-            if self._pending:
+            self._bound()
+            if self._pending or self._failed:
                 self._idle.clear()
                 self._wake.set()
+
+    def _bound(self) -> None:
+        """(lock held) At most MAX_PENDING letters wait: the oldest beyond go, counted and logged."""
+        over = len(self._failed) + len(self._pending) - MAX_PENDING
+        if over > 0:
+            for _ in range(over):
+                (self._failed or self._pending).popleft()
+            self.dropped_total += over
+            log.warning("%d dead letter(s) dropped: %d wait for their Kafka already (their undelivered rows stay)",
+                        over, MAX_PENDING)
 
     @property
     def pending(self) -> int:
         with self._lock:
-            return len(self._pending)
+            return len(self._failed) + len(self._pending)
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every dead letter handed over has been tried once more (True when none is left)."""
@@ -118,38 +139,49 @@ class DeadLetterPublisher:
             self._wake.wait()
             self._wake.clear()
             with self._lock:
-                batch, self._pending = list(self._pending), deque()
-            failed = self._publish(batch) if batch else []
+                batch = [*self._failed, *self._pending]
+                self._failed, self._pending = deque(), deque()
+            if batch:
+                self._publish(batch)
             with self._lock:
-                self._pending.extendleft(reversed(failed))  # first in line at the next round
-                if not self._wake.is_set():
+                if not self._wake.is_set() and not self._in_flight:
                     self._idle.set()
 
-    def _publish(self, batch: list[DeadLetter]) -> list[DeadLetter]:
-        failed: list[DeadLetter] = []
+    def _publish(self, batch: list[DeadLetter]) -> None:
+        """Hand `batch` to the producer and flush. Each letter's delivery report counts it, or puts it back first
+        in line for the next round, whenever it comes (during this flush or a later one)."""
         errors: list[str] = []
 
         def on_delivery(letter: DeadLetter):
             def report(error, _message) -> None:
-                if error is not None:
-                    failed.append(letter)
+                with self._lock:
+                    self._in_flight -= 1
+                    if error is None:
+                        self.published_total += 1
+                        return
+                    self.failed_total += 1
+                    self._failed.append(letter)  # first in line at the next round, in the order sent
                     errors.append(str(error))
             return report
 
+        refused = []
         for letter in batch:
             try:
                 self._producer.produce(letter.topic, value=letter.value, key=letter.key, headers=list(letter.headers),
                                        on_delivery=on_delivery(letter))
+                with self._lock:
+                    self._in_flight += 1
             except Exception as error:  # noqa: BLE001 - a full queue, a closed producer: kept for later
-                failed.append(letter)
+                refused.append(letter)
                 errors.append(str(error))
             self._producer.poll(0)
         remaining = self._producer.flush(self._flush_timeout_s)
+        with self._lock:
+            self.failed_total += len(refused)
+            self._failed.extend(refused)
+            self._bound()
         if remaining:
-            errors.append(f"{remaining} still in flight after {self._flush_timeout_s:g} s")
-        self.published_total += len(batch) - len(failed)
-        self.failed_total += len(failed)
-        if failed:
-            log.warning("%d dead letter(s) not published, tried again after the next round: %s", len(failed),
-                        errors[0] if errors else "unknown")
-        return failed
+            errors.append(f"{remaining} still in flight after {self._flush_timeout_s:g} s (their reports count "
+                          "them when they come)")
+        if errors:
+            log.warning("dead letters not published yet, tried again after the next round: %s", errors[0])
