@@ -247,3 +247,21 @@ def test_herald_endpoints_shows_the_recorded_set_offline_passwords_masked(tmp_pa
     text = capsys.readouterr().out
     assert "2 endpoint(s) discovered" in text and "n2:82" in text
     assert "pw-endpoint" not in text + json.dumps(view) and "s3cret" not in text + json.dumps(view)
+
+
+def test_the_endpoints_a_job_remembers_are_bounded_the_most_recently_seen_kept(tmp_path, monkeypatch):
+    """A job whose lookups name a new endpoint at every poll runs for months: it remembers the most recently
+    seen `MAX_KNOWN` (their credentials, for a departed BROADCAST member), not every one ever seen."""
+    from herald.engine import discovering
+
+    monkeypatch.setattr(discovering, "MAX_KNOWN", 3)
+    config, clock, lookups, discoveries = job(tmp_path, with_store=False)
+    discoveries.configure(config.subscriptions)
+    for n in range(6):
+        lookups.answers = {LOOKUP_1: f'["http://u:pw@node-{n}:1/x"]'.encode(), LOOKUP_2: b"[]"}
+        asked = len(lookups.asked)
+        while not any(url == LOOKUP_1 for url, _ in lookups.asked[asked:]):
+            clock.sleep(discoveries.step())
+    remembered = [n for n in range(6) if discoveries.known(f"http://u:*****@node-{n}:1/x") is not None]
+    assert remembered == [3, 4, 5]
+    assert discoveries.known("http://u:*****@node-5:1/x").password == "pw", "with its credentials"

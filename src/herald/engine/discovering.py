@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from herald.storage import TableStore
 from herald.storage.tables import ENDPOINTS, ENDPOINTS_SCHEMA, at_ms, epoch_ms
 
 log = logging.getLogger(__name__)
+
+MAX_KNOWN = 4096
+"""Most endpoints the job remembers having seen (`Discoveries.known`), the most recently seen kept."""
 
 OK, FAILED = "ok", "failed"
 Get = Callable[[str, float], bytes]
@@ -80,7 +84,8 @@ class Discoveries:
         self._lock = threading.RLock()
         self._announcing = threading.Lock()  # changes are logged, recorded and told in the order they happen
         self._groups: dict[str, _Group] = {}
-        self._known: dict[str, Endpoint] = {}  # masked URL -> every endpoint seen by this job (or configured)
+        # masked URL -> the endpoints this job saw (or configured), the most recently seen MAX_KNOWN
+        self._known: OrderedDict[str, Endpoint] = OrderedDict()
         self._workers = workers
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="herald-lookup") if workers else None
         self._wake = threading.Event()
@@ -98,7 +103,7 @@ class Discoveries:
         with self._lock:
             for subscription in subscriptions:  # configured endpoints too: an edit may remove one BROADCAST owes
                 for endpoint in subscription.targets:
-                    self._known[endpoint.masked] = endpoint
+                    self._saw(endpoint)
             found = {s.id: s.discovery for s in subscriptions if s.discovery is not None}
             for subscription_id in set(self._groups) - set(found):
                 del self._groups[subscription_id]
@@ -146,6 +151,15 @@ class Discoveries:
         have left its set or list since)."""
         with self._lock:
             return self._known.get(shown)
+
+    def _saw(self, endpoint: Endpoint) -> None:
+        """(lock held) Remember an endpoint (its credentials, for a departed BROADCAST member's retries), the
+        most recently seen `MAX_KNOWN` only: a job whose lookups name a new endpoint every hour runs for months.
+        One forgotten is tried as its URL shows (its password masked), as after a restart."""
+        self._known[endpoint.masked] = endpoint
+        self._known.move_to_end(endpoint.masked)
+        while len(self._known) > MAX_KNOWN:
+            self._known.popitem(last=False)
 
     def state(self, subscription_id: str) -> dict | None:
         """The set as `herald endpoints` shows it, live: endpoints, the lookups naming each, failing lookups."""
@@ -211,8 +225,7 @@ class Discoveries:
         with self._announcing:
             with self._lock:
                 for url in change.after:
-                    endpoint = Endpoint.parse(url)
-                    self._known[endpoint.masked] = endpoint
+                    self._saw(Endpoint.parse(url))
                 rows = [(Endpoint.parse(url).masked, [mask_secrets(lookup) for lookup in group.set.named_by(url)])
                         for url in change.after]
             log.info("%s: discovered endpoints now %d%s%s", group.subscription_id, len(change.after),
