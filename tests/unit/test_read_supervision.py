@@ -214,3 +214,28 @@ def test_once_gives_up_a_topic_whose_rounds_keep_failing_and_reads_the_others(wo
     run(topics, clock, 0.4)
     assert supervisor.given_up() == {"b": "ArrowException: the decoder failed"}
     assert topics.read.kafka_topics == ["a"]
+
+
+def test_a_regroup_waiting_for_a_stuck_micro_batch_lets_the_shutdown_take_the_lock(world):
+    """A micro-batch held by storage that is down never ends; a regroup waits for it under the topics' lock. The
+    shutdown (a first Ctrl-C) sets `stopping` and must then get the lock: the regroup gives up waiting and
+    leaves the read to the shutdown, starting no new one."""
+    import threading
+
+    topics, clock, _ = world("a", "b")
+    stuck = topics.read
+    stuck.wait_idle = lambda timeout_s: threading.Event().wait(min(timeout_s, 0.05)) and False
+    del topics.pipelines["b"]  # the set changes: the read is to be replaced
+    regrouping = threading.Thread(target=lambda: topics.lock.acquire() and (topics.regroup(), topics.lock.release()),
+                                  daemon=True)
+    regrouping.start()
+    regrouping.join(0.5)
+    assert regrouping.is_alive(), "it waits for the micro-batch in progress"
+    topics.stopping.set()
+    assert topics.lock.acquire(timeout=10), "the shutdown gets the lock"
+    try:
+        assert topics.read is stuck and not stuck.stopped, "the shutdown stops it, within its grace"
+        assert len(FakeRead.started) == 1, "no new read beside the micro-batch still running"
+    finally:
+        topics.lock.release()
+    regrouping.join(5)

@@ -315,6 +315,8 @@ class Runner:
 
     def shutdown(self, grace_s: float = 30.0) -> None:
         deadline = time.monotonic() + grace_s
+        if self.topics is not None:  # a regroup waiting for a micro-batch lets go of the topics' lock
+            self.topics.stopping.set()
         if self.context is not None:  # a round waiting for storage to come back gives up at the deadline
             self.context.writer.stop_waiting_at(deadline)
         if self.watcher is not None:

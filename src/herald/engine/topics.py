@@ -53,6 +53,7 @@ class Topics:
         self._first_seen: dict[str, int] = {}  # subscription id -> when this run first saw it ACTIVE (epoch ms)
         self._delayed: set[str] = set()  # subscriptions whose start failed at least once
         self._read_once = False  # a read was started in this run (a later one over another set starts afresh)
+        self.stopping = threading.Event()  # the job stops: a regroup waiting for a micro-batch gives up (no lock)
 
     def unstarted(self) -> list[str]:
         """Topics that could not start yet (tried again by `supervise`)."""
@@ -251,7 +252,8 @@ class Topics:
         if current is None and not wanted:
             return
         if current is not None:
-            self._stop_read(current, None)
+            if not self._stop_read(current, None):
+                return  # the job stops meanwhile: its shutdown stops this read, within its grace period
             self.read = None
         if not wanted:
             return
@@ -297,21 +299,28 @@ class Topics:
             read = self.read
         return read is not None and not read.wait_idle(0)
 
-    def _stop_read(self, read: SharedRead, grace_s: float | None) -> None:
+    def _stop_read(self, read: SharedRead, grace_s: float | None) -> bool:
         """Deliver no new micro-batch (nor a topic's round not started yet), wait for the rounds in progress (as
-        long as they take when `grace_s` is None: a new read must not start beside them) and stop the query."""
+        long as they take when `grace_s` is None: a new read must not start beside them) and stop the query.
+        False, the query not stopped, when the job began stopping while it waited with no grace of its own (this
+        waits under `lock`, which the shutdown takes: a micro-batch held by storage that is down must not hold
+        a Ctrl-C)."""
         read.closing = True
         patience_s = self.context.config.settings.streaming.batch_deadline_s
         waited_s = 0.0
-        while not read.wait_idle(patience_s if grace_s is None else max(0.0, grace_s - waited_s)):
-            waited_s += patience_s
+        while not read.wait_idle(min(1.0, patience_s) if grace_s is None else max(0.0, grace_s - waited_s)):
             if grace_s is not None:
                 break
-            log.warning("waiting for the micro-batch in progress to be delivered (%.0f s so far)", waited_s)
+            if self.stopping.is_set():
+                return False
+            waited_s += min(1.0, patience_s)
+            if waited_s % patience_s < 1.0:
+                log.warning("waiting for the micro-batch in progress to be delivered (%.0f s so far)", waited_s)
         try:
             read.stop()
         except Exception as error:  # noqa: BLE001 - stopped or failed: either way it reads nothing more
             log.warning("stopping the read: %s", short_error(error))
+        return True
 
     def wake_catchups(self) -> None:
         """Let every topic's catch-up look for work now (a held subscription may deliver again)."""
