@@ -416,6 +416,7 @@ def test_a_micro_batch_still_delivering_when_the_writer_closes_makes_the_run_exi
     class StillDelivering:
         lock = threading.RLock()
         pipelines: dict = {}
+        stopping = threading.Event()
 
         def __init__(self, delivering: bool) -> None:
             self.still = delivering

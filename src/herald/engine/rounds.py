@@ -144,7 +144,7 @@ def _tracking(result: RoundResult, now_ms: int) -> pa.Table:
 
 
 def retry_row(subscription: Subscription, record: Record, state: RetryState | None, status: str, now_ms: int,
-              writer: str, batch_id: int) -> dict:
+              writer: str, batch_id: int, kafka_topic: str | None = None) -> dict:
     """One row of the retries table: a message parked with its state, or the end it reached."""
     return {
         "subscription": subscription.id, "topic_name": subscription.topicName, "partition": record.partition,
@@ -161,15 +161,15 @@ def retry_row(subscription: Subscription, record: Record, state: RetryState | No
         "schema_id": record.schema_id, "schema_version": record.schema_version, "recorded_at": at_ms(now_ms),
         "batch_id": batch_id, "writer": writer, "targets": state.targets_json() if state else None,
         "key": record.key if status == PARKED else None, "raw_value": record.raw if status == PARKED else None,
-        "batch_last_offset": state.batch_last_offset if state else None,
+        "batch_last_offset": state.batch_last_offset if state else None, "kafka_topic": kafka_topic or None,
     }
 
 
 def released_rows(subscription: Subscription, keys, status: str, now_ms: int, writer: str,
-                  batch_id: int) -> list[dict]:
+                  batch_id: int, kafka_topic: str | None = None) -> list[dict]:
     """Terminal retries rows (DELIVERED, DISCARDED or RELEASED) for carried states that ended: (partition, offset)
     `keys`. Without them a HELD row would stay a message's newest and be carried again after a restart."""
-    return [retry_row(subscription, stub(partition, offset), None, status, now_ms, writer, batch_id)
+    return [retry_row(subscription, stub(partition, offset), None, status, now_ms, writer, batch_id, kafka_topic)
             for partition, offset in sorted(keys)]
 
 
@@ -189,17 +189,17 @@ def state_of_row(row: dict) -> RetryState:
 
 
 def _retries(result: RoundResult, now_ms: int) -> pa.Table:
-    rows = []
+    rows, topic = [], result.kafka_topic
     for outcome in result.outcomes:
         for (record, status) in outcome.resolved.values():
             rows.append(retry_row(outcome.subscription, record, None, status, now_ms, result.writer,
-                                  result.batch_id))
+                                  result.batch_id, topic))
         for item in outcome.parked:
             rows.append(retry_row(outcome.subscription, item.record, item.state, PARKED, now_ms, result.writer,
-                                  result.batch_id))
+                                  result.batch_id, topic))
         for item in outcome.carried:  # the state a later run continues from, should this one stop
             rows.append(retry_row(outcome.subscription, stub(item.partition, item.offset), item.state, HELD, now_ms,
-                                  result.writer, result.batch_id))
+                                  result.writer, result.batch_id, topic))
     return pa.Table.from_pylist(rows, schema=RETRIES_SCHEMA)
 
 
@@ -244,9 +244,10 @@ def position_rows(subscription_id: str, kafka_topic: str, positions: dict[int, i
     return pa.Table.from_pylist(rows, schema=OFFSETS_SCHEMA)
 
 
-def moved_rows(subscription: Subscription, keys, now_ms: int, writer: str, batch_id: int) -> pa.Table:
+def moved_rows(subscription: Subscription, keys, now_ms: int, writer: str, batch_id: int,
+               kafka_topic: str | None = None) -> pa.Table:
     """RELEASED rows for the carried states a retransmission dropped."""
-    return pa.Table.from_pylist(released_rows(subscription, keys, RELEASED, now_ms, writer, batch_id),
+    return pa.Table.from_pylist(released_rows(subscription, keys, RELEASED, now_ms, writer, batch_id, kafka_topic),
                                 schema=RETRIES_SCHEMA)
 
 
@@ -276,8 +277,8 @@ def reset_tables(subscription: Subscription, reset, outcome, stamp: int, cluster
         })
     return [
         (UNDELIVERED, pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)),
-        (RETRIES, pa.Table.from_pylist(released_rows(subscription, outcome.dropped, RELEASED, stamp, writer, batch_id),
-                                       schema=RETRIES_SCHEMA)),
+        (RETRIES, pa.Table.from_pylist(released_rows(subscription, outcome.dropped, RELEASED, stamp, writer, batch_id,
+                                                     reset.kafka_topic), schema=RETRIES_SCHEMA)),
         (OFFSETS, position_rows(subscription.id, reset.kafka_topic, outcome.positions, writer, batch_id, at_ms(stamp),
                                 reset.topic_id)),
     ]

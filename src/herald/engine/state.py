@@ -116,14 +116,16 @@ def stored_offsets(store: TableStore) -> tuple[dict[tuple[str, str], dict[int, i
     return positions, ids
 
 
-def stored_held(store: TableStore) -> dict[str, dict[tuple[int, int], RetryState]]:
-    """subscription id -> the retry states its positions stop at (the newest retries row is HELD)."""
+def stored_held(store: TableStore) -> dict[str, dict[tuple[int, int], tuple[str | None, RetryState]]]:
+    """subscription id -> (partition, offset) -> (its Kafka topic, the retry state) of each message its positions
+    stop at (the newest retries row is HELD); the topic is None for rows written before rows named it."""
     rows = store.latest(RETRIES, ("subscription", "partition", "offset"), "recorded_at DESC, batch_id DESC")
-    held: dict[str, dict[tuple[int, int], RetryState]] = {}
+    held: dict[str, dict[tuple[int, int], tuple[str | None, RetryState]]] = {}
     for row in rows.to_pylist():
         if row["state"] != HELD:
             continue
-        held.setdefault(row["subscription"], {})[(row["partition"], row["offset"])] = state_of_row(row)
+        held.setdefault(row["subscription"], {})[(row["partition"], row["offset"])] = (
+            row.get("kafka_topic"), state_of_row(row))
     return held
 
 
@@ -164,8 +166,9 @@ class StateBook:
                         "its startingOffsets)", subscription.id, kafka_topic, resting.kafka_topic)
         positions = dict(self._stored.get((subscription.id, kafka_topic), {}))
         carried = {}
-        if positions:
-            carried = dict(self._held.get(subscription.id, {}))  # HELD rows name no Kafka topic
+        if positions:  # the states held in this Kafka topic (rows older than the topic column: any)
+            carried = {key: state for key, (topic, state) in self._held.get(subscription.id, {}).items()
+                       if topic in (None, kafka_topic)}
         else:
             if subscription.startingOffsets == "earliest":
                 positions = {partition: low for partition, (low, _) in marks.items()}

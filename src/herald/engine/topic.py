@@ -128,7 +128,7 @@ class TopicPipeline:
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
         subscription = state.subscription
         self._moved.append((Slice(move.writer, move.move_id), lambda stamp: moves.applied_tables(
-            move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id), stamp)))
+            move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id, move.kafka_topic), stamp)))
         log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
 
     def flush_moves(self) -> None:

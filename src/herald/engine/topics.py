@@ -82,7 +82,7 @@ class Topics:
             dropped = self.book.moved(move.subscription, move.kafka_topic, move.to_offsets)
             stamp = stamp_ms()
             released = moved_rows(self.config.subscription(move.subscription), dropped, stamp, move.writer,
-                                  move.move_id)
+                                  move.move_id, move.kafka_topic)
             self.context.writer.submit(Slice(move.writer, move.move_id), applied_tables(move, released, stamp))
         log.info("%s (not delivered now) moved to %s", move.subscription, move.to_offsets)
         return True

@@ -120,6 +120,8 @@ RETRIES_SCHEMA = pa.schema([
     ("key", pa.binary()),  # PARKED rows: the Kafka record's key, and its original bytes when kept (a dead-letter
     ("raw_value", pa.binary()),  # topic gets them if the retries end in a discard)
     ("batch_last_offset", pa.int64()),  # HELD rows of BATCH subscriptions: a closed batch's last offset
+    ("kafka_topic", pa.string()),  # the Kafka topic of the round that wrote it (null: a retry round, older rows):
+    # a HELD state is taken up only in its own Kafka topic, never in the one a kafkaTopic edit went to
 ])
 
 RETRANSMISSIONS_SCHEMA = pa.schema([
