@@ -8,6 +8,10 @@ message continues where it stopped (Hermes-Retry-Count keeps counting, Hermes-Me
 TTL keeps running). What ends is recorded (DELIVERED, or DISCARDED with an undelivered row); what is still
 retrying at the round's end is parked again with its new state. Like RocketMQ's retry queue, parked messages
 stand outside the subscription's position.
+
+The parked messages wait on the driver's disk, not in its memory (`herald.engine.parked.ParkedRegistry`). Each
+subscription's due messages are re-driven in rounds of their own (at most `ROUND_MESSAGES` a round), up to
+`PARALLEL_ROUNDS` at a time: a subscriber that holds its round to the deadline holds no other subscription's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from herald.config import Subscription
@@ -28,6 +33,7 @@ from herald.delivery.report import Discarded, Parked
 from herald.delivery.sender import TaskSender
 from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext, now_ms, stamp_ms
+from herald.engine.parked import ParkedMessage, ParkedRegistry
 from herald.engine.pinning import Pin, PinNews
 from herald.engine.planner import lane_plan, named
 from herald.engine.priority import HELD
@@ -38,13 +44,8 @@ from herald.storage.tables import DELIVERED, DISCARDED, PARKED, RETRIES, epoch_m
 log = logging.getLogger(__name__)
 
 _EARLY_MS = 50  # messages due this soon join a round that starts now
-
-
-@dataclass
-class ParkedMessage:
-    record: Record
-    state: RetryState
-    kafka_topic: str
+ROUND_MESSAGES = 10_000  # most messages of one subscription in one round (the rest wait for the next)
+PARALLEL_ROUNDS = 4  # retry rounds at a time, each of one subscription's messages
 
 
 @dataclass(frozen=True)
@@ -73,16 +74,18 @@ class RetryDriver:
                  live_state: Callable[[str], tuple | None] = lambda subscription_id: None) -> None:
         self.context = context
         self.once = once
-        self._tried: set[tuple[str, int, int]] = set()  # once: (subscription, partition, offset) re-driven
         self._lock = threading.Lock()
-        self._round_over = threading.Condition(self._lock)  # notified when a round ends (`_in_round` False)
-        self._parked: dict[str, dict[tuple[int, int], ParkedMessage]] = {}
+        self._round_over = threading.Condition(self._lock)  # notified when a round ends
+        self._registry = ParkedRegistry()  # the parked messages, on the driver's disk; a --once run marks tried
         self._active: dict[str, Subscription] = {}
         self._rounds = itertools.count(1)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._in_round = False
+        self._running: set[str] = set()  # subscriptions whose round is in progress
+        self._closed = False  # stopped: its registry is gone
+        self._summary: tuple[int, int | None] | None = None
+        self._pool = ThreadPoolExecutor(PARALLEL_ROUNDS, thread_name_prefix="herald-retry-round")
         self._old_logs: list[OldLog] = []  # `end_old_log` requests not carried out yet
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
         # subscription id -> its retry rounds' open flow window, and when (monotonic s) it was that old
@@ -100,18 +103,20 @@ class RetryDriver:
         rows = self.context.store.latest(RETRIES, ("subscription", "partition", "offset"),
                                          "recorded_at DESC, batch_id DESC")
         loaded = 0
-        with self._lock:
-            for row in rows.to_pylist():
+        for batch in rows.to_batches(max_chunksize=10_000):  # to disk in batches: never every body in Python
+            by_subscription: dict[str, list[tuple[Record, RetryState]]] = {}
+            for row in batch.to_pylist():
                 if row["state"] != PARKED or row["subscription"] not in topics:
                     continue
                 record = Record(partition=row["partition"], offset=row["offset"],
                                 timestamp_ms=epoch_ms(row["published_at"]) or 0, message_id=row["message_id"],
                                 body=row["body"], avro=row["avro"], schema_id=row["schema_id"],
                                 schema_version=row["schema_version"], key=row.get("key"), raw=row.get("raw_value"))
-                state = state_of_row(row)
-                self._parked.setdefault(row["subscription"], {})[(record.partition, record.offset)] = \
-                    ParkedMessage(record, state, topics[row["subscription"]])
-                loaded += 1
+                by_subscription.setdefault(row["subscription"], []).append((record, state_of_row(row)))
+            with self._lock:
+                for subscription_id, items in by_subscription.items():
+                    self._registry.put(subscription_id, topics[subscription_id], items)
+                    loaded += len(items)
         if loaded:
             log.info("%d parked message(s) to retry", loaded)
 
@@ -124,10 +129,9 @@ class RetryDriver:
     def park(self, subscription: Subscription, kafka_topic: str, parked: list[Parked]) -> None:
         self._end_old_logs()  # before a new log's message can take an old one's place
         with self._lock:
-            messages = self._parked.setdefault(subscription.id, {})
-            for item in parked:
-                messages[(item.record.partition, item.record.offset)] = ParkedMessage(item.record, item.state,
-                                                                                     kafka_topic)
+            if self._closed:  # a round that outlived the job's stop: its PARKED rows are for the next run
+                return
+            self._registry.put(subscription.id, kafka_topic, [(item.record, item.state) for item in parked])
         self._wake.set()
 
     def end_old_log(self, kafka_topic: str, firsts: dict[int, int], reason: str,
@@ -153,7 +157,7 @@ class RetryDriver:
         """Carry out the `end_old_log` requests, once no round re-drives their messages: take the messages out,
         then record their discards."""
         with self._lock:
-            while self._old_logs and self._in_round:  # the round records what it did to them first
+            while self._old_logs and self._running:  # the rounds record what they did to them first
                 self._round_over.wait()
             if not self._old_logs:
                 return
@@ -161,12 +165,11 @@ class RetryDriver:
             configured = {subscription.id: subscription for subscription in self.context.config.subscriptions}
             ended: list[tuple[OldLog, Subscription, list[ParkedMessage]]] = []
             for old in requests:
-                for subscription_id, messages in self._parked.items():
-                    if subscription_id not in configured:  # removed meanwhile: it is delivered nothing more here
-                        continue
-                    gone = [key for key, message in messages.items() if old.covers(subscription_id, message)]
-                    if gone:
-                        ended.append((old, configured[subscription_id], [messages.pop(key) for key in gone]))
+                # a subscription removed meanwhile is delivered nothing more here
+                owners = [sid for sid in self._registry.subscriptions() if sid in configured
+                          and (old.subscriptions is None or sid in old.subscriptions)]
+                for subscription_id, gone in self._registry.take_where(old.kafka_topic, old.firsts, owners).items():
+                    ended.append((old, configured[subscription_id], gone))
         for old, subscription, messages in ended:
             self._record_ended(old, subscription, messages)
 
@@ -190,7 +193,7 @@ class RetryDriver:
 
     def parked_count(self, subscription_id: str) -> int:
         with self._lock:
-            return len(self._parked.get(subscription_id, ()))
+            return 0 if self._closed else self._registry.count(subscription_id)
 
     def tried_since(self, since_ms: int, patience_ms: int) -> bool:
         """True when no round is running and every message of an ACTIVE subscription that was due at `since_ms`
@@ -198,20 +201,17 @@ class RetryDriver:
         flow control, probing a failing subscriber) makes its next attempt wait more than `patience_ms`: they
         wait for the next run."""
         with self._lock:
-            if self._in_round:
+            if self._running:
                 return False
             wait_until = now_ms() + patience_ms
-            return all(m.state.due_ms > since_ms or self._tried_here(sid, m)
-                       or self._next_permit.get(sid, 0) > wait_until
-                       for sid, messages in self._parked.items()
-                       if sid in self._active and not self.context.discovery.holds(sid)  # no endpoint: next run
-                       for m in messages.values())
+            return not any(self._registry.untried_due_by(sid, since_ms) for sid in self._registry.subscriptions()
+                           if sid in self._active and not self.context.discovery.holds(sid)  # no endpoint: next run
+                           and self._next_permit.get(sid, 0) <= wait_until)
 
     def summary(self) -> tuple[int, int | None]:
         """(parked messages, the earliest next attempt in epoch ms, or None)."""
         with self._lock:
-            states = [m.state for messages in self._parked.values() for m in messages.values()]
-        return len(states), min((s.due_ms for s in states), default=None)
+            return (self._summary or (0, None)) if self._closed else (self._registry.total(), self._registry.earliest())
 
     # -- the thread -------------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -223,37 +223,59 @@ class RetryDriver:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the round in progress parks what it has not finished."""
+        """Stop after the rounds in progress park what they have not finished."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        self._pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        """(after `stop`) Delete the parked messages' file: they are in the retries table for the next run."""
+        with self._lock:
+            if not self._closed:
+                self._summary = (self._registry.total(), self._registry.earliest())  # what `summary` says now
+                self._closed = True
+                self._registry.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._end_old_logs()
-            with self._lock:  # what is due and the round taking it, at once (`_end_old_logs` waits for the round)
-                due = self._due()
-                self._in_round = bool(due)
+            with self._lock:  # what is due and the rounds taking it, at once (`_end_old_logs` waits for them)
+                due = {sid: messages for sid, messages in self._due().items() if sid not in self._running}
+                due = dict(list(due.items())[:PARALLEL_ROUNDS - len(self._running)])
+                self._running.update(due)
             if not due:
                 self._wake.wait(self._sleep_s())
                 self._wake.clear()
                 continue
-            try:
-                self.run_round(due)
-            except Exception:  # noqa: BLE001 - the driver must outlive one bad round; the messages stay parked
-                log.exception("retry round failed; its messages stay parked and are tried again in 5 s")
-                self._postpone(due, 5000)
-            finally:
-                with self._lock:
-                    self._in_round = False
-                    self._round_over.notify_all()
+            for subscription_id, messages in due.items():
+                self._pool.submit(self._round_of, subscription_id, messages)
+
+    def _round_of(self, subscription_id: str, messages: list[ParkedMessage]) -> None:
+        """One subscription's retry round, on a thread of the pool; the driver loop looks again when it ends."""
+        try:
+            self.run_round({subscription_id: messages})
+        except Exception:  # noqa: BLE001 - the driver must outlive one bad round; the messages stay parked
+            log.exception("%s: retry round failed; its messages stay parked and are tried again in 5 s",
+                          subscription_id)
+            self._postpone({subscription_id: messages}, 5000)
+        finally:
+            with self._lock:
+                self._running.discard(subscription_id)
+                self._round_over.notify_all()
+            self._wake.set()
 
     def _sleep_s(self) -> float:
+        """Seconds until a subscription not in a round has a message due (at most 1)."""
         with self._lock:
-            dues = [max(m.state.due_ms, self._next_permit.get(sid, 0)) for sid, messages in self._parked.items()
-                    if sid in self._active and not self.context.holds(sid)  # held: what ends the hold wakes us
-                    for m in messages.values() if not self._tried_here(sid, m)]
+            dues = []
+            for sid in self._registry.subscriptions():
+                if sid not in self._active or sid in self._running or self.context.holds(sid):
+                    continue  # held: what ends the hold wakes us; a round's end too
+                next_due = self._registry.next_due(sid, untried_only=self.once)
+                if next_due is not None:
+                    dues.append(max(next_due, self._next_permit.get(sid, 0)))
         if not dues:
             return 1.0
         return min(1.0, max(0.0, (min(dues) - now_ms()) / 1000))
@@ -264,25 +286,24 @@ class RetryDriver:
             return self._due()
 
     def _due(self) -> dict[str, list[ParkedMessage]]:
-        """(lock held) `due_now`."""
+        """(lock held) `due_now`: at most `ROUND_MESSAGES` of each subscription, not those of an `end_old_log`
+        request still to be carried out."""
         horizon = now_ms() + _EARLY_MS
-        due = {sid: [m for m in messages.values() if m.state.due_ms <= horizon and not self._tried_here(sid, m)
-                     and self._old_log_of(sid, m) is None]
-               for sid, messages in self._parked.items()
-               if sid in self._active and self._next_permit.get(sid, 0) <= horizon
-               and not self.context.holds(sid)}  # held: its pin changes hands, or it has no endpoint (§5c)
-        return {sid: messages for sid, messages in due.items() if messages}
-
-    def _tried_here(self, subscription_id: str, message: ParkedMessage) -> bool:
-        """(lock held) A --once run re-drove the message already."""
-        return self.once and (subscription_id, message.record.partition, message.record.offset) in self._tried
+        due = {}
+        for sid in self._registry.subscriptions():
+            if sid not in self._active or self._next_permit.get(sid, 0) > horizon or self.context.holds(sid):
+                continue  # held: its pin changes hands, or it has no endpoint (§5c)
+            messages = [m for m in self._registry.due(sid, horizon, ROUND_MESSAGES, untried_only=self.once)
+                        if self._old_log_of(sid, m) is None]
+            if messages:
+                due[sid] = messages
+        return due
 
     def _postpone(self, due: dict[str, list[ParkedMessage]], delay_ms: int) -> None:
         later = now_ms() + delay_ms
         with self._lock:
-            for messages in due.values():
-                for message in messages:
-                    message.state = replace(message.state, due_ms=max(message.state.due_ms, later))
+            for subscription_id, messages in due.items():
+                self._registry.postpone(subscription_id, messages, later)
 
     def _hand_back_flow(self, subscription_id: str, flow: FlowState) -> None:
         """The round's controller changed mode (its probes succeeded, or its attempts failed): so does the
@@ -314,10 +335,10 @@ class RetryDriver:
         again = {(item.record.partition, item.record.offset): replace(item, state=named(item.state, targets))
                  for item in lane.parked}
         with self._lock:
-            registry = self._parked.get(subscription_id, {})
+            registry = self._registry
             for message in due:
                 key = (message.record.partition, message.record.offset)
-                if registry.get(key) is not message:  # taken out meanwhile: its rows are another's to write
+                if not registry.same(subscription_id, message):  # taken out meanwhile: its rows are another's
                     continue
                 item = again.get(key)
                 if item is not None and self._old_log_of(subscription_id, message) is not None:
@@ -325,17 +346,15 @@ class RetryDriver:
                 if item is not None:  # some endpoint still to reach, or still retrying
                     if (item.state.attempts != message.state.attempts
                             or _progress(item.state) != _progress(message.state)):
-                        if self.once and not pin_lost:
-                            self._tried.add((subscription_id, *key))
                         outcome.parked.append(item)
-                        registry[key] = ParkedMessage(item.record, item.state, message.kafka_topic)
+                        registry.update(subscription_id, message, item.state, tried=self.once and not pin_lost)
                     continue
                 if key in ended:
                     outcome.resolved[key] = (message.record, DISCARDED)
-                    registry.pop(key, None)
+                    registry.remove(subscription_id, message)
                 elif key in delivered:
                     outcome.resolved[key] = (message.record, DELIVERED)
-                    registry.pop(key, None)
+                    registry.remove(subscription_id, message)
         outcome.counters.parked = len(outcome.parked)
 
     def run_round(self, due: dict[str, list[ParkedMessage]]) -> RoundResult:

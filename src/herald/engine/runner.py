@@ -338,6 +338,7 @@ class Runner:
             pipeline.catchup.stop()
         if self.context is not None:
             self.retries.stop()
+            self.retries.close()  # parked messages are in the retries table for the next run
             # a job that lost the lease (its rounds would undo the holder's) or could not record a round writes
             # nothing more
             written = self.context.writer.close(0.0 if self._stopped_for else max(5.0, deadline - time.monotonic()))
