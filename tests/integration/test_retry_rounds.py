@@ -268,3 +268,52 @@ def test_parked_messages_of_a_topics_old_log_end_discarded_before_a_new_message_
                                                     "recorded_at DESC, batch_id DESC").to_pylist()}
     assert newest[3]["state"] == "PARKED" and newest[3]["message_id"] == "new3", "the new message, not the old"
     assert newest[4]["state"] == "DISCARDED"
+
+
+def test_a_subscriber_that_holds_its_retry_round_holds_no_other_subscriptions_retries(tmp_path):
+    """`slow` answers after 8 s (its round lasts that long); `quick` answers 503 to a message's first retry and
+    200 to its second. Each subscription's retries go in rounds of their own: quick's second retry (a round
+    after its first) is delivered while slow's first round is still open, not after it."""
+    import threading
+
+    slow_started = threading.Event()
+
+    def slow(request) -> Reply:
+        slow_started.set()
+        return Reply(200, delay_ms=8000)
+
+    seen: dict[str, int] = {}
+
+    def quick(request) -> Reply:
+        seen[request.json()["n"]] = seen.get(request.json()["n"], 0) + 1
+        return Reply(503 if seen[request.json()["n"]] == 1 else 200)
+
+    with ScriptedSubscriber(slow) as slow_sub, ScriptedSubscriber(quick) as quick_sub:
+        conf = write_conf(tmp_path, "127.0.0.1:9", "retry.topic", {
+            "slow": {"endpoint": slow_sub.url, "subscriptionPolicy": {"requestTimeout": 30_000}},
+            "quick": {"endpoint": quick_sub.url, "subscriptionPolicy": {"messageBackoff": 100}}},
+            settings={"streaming": {"parkAfterMs": 0}})
+        config = load_config(conf)
+        store = DeltaRsStore(str(tmp_path / "storage"))
+        context = EngineContext(spark=None, config=config, connector="python", store=store, writer=TableWriter(store))
+        driver = RetryDriver(context)
+        driver.set_active(config.subscriptions)
+        by_name = {s.name: s for s in config.subscriptions}
+        now = now_ms()
+        for name in ("slow", "quick"):
+            driver.park(by_name[name], "retry.topic", [Parked(
+                Record(partition=0, offset=0, timestamp_ms=now, message_id=f"{name}0", body=b'{"n": 0}'),
+                RetryState(attempts=1, first_read_ms=now, due_ms=now, backoff_s=0.1))])
+        driver.start()
+        try:
+            assert slow_started.wait(10), "slow's round started"
+            started = time.monotonic()
+            while driver.parked_count(by_name["quick"].id) and time.monotonic() - started < 30:
+                time.sleep(0.05)
+            quick_done_while_slow_open = slow_sub._open == 1  # its request is still unanswered
+        finally:
+            driver.stop()
+            driver.close()
+            context.writer.close()
+    assert seen == {0: 2}, "quick's message: 503, then 200"
+    assert quick_done_while_slow_open, "quick's retries waited for slow's round"
