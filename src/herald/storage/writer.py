@@ -68,13 +68,16 @@ class TableWriter:
     metrics); abandoned: rounds given up (their messages are delivered again by the next run)."""
 
     def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS, min_interval_s: float = 0.0,
-                 max_pending_bytes: int = MAX_PENDING_BYTES, on_failed: Callable[[str], None] | None = None) -> None:
+                 max_pending_bytes: int = MAX_PENDING_BYTES, on_failed: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """clock: monotonic seconds, for the gathering (a test's fake clock)."""
         self.store = store
+        self._clock = clock
         self.on_failed = on_failed  # told (with the reason) when the writer's thread fails: the job must stop
         self.max_pending = max(1, max_pending)
         self.max_pending_bytes = max(1, max_pending_bytes)
         self.min_interval_s = max(0.0, min_interval_s)
-        self._last_write = float("-inf")  # monotonic s when the last write began
+        self._last_write = float("-inf")  # `clock` s when the last write began
         self._flushing = 0  # callers of `flush` waiting: gather nothing more
         self._hurry = False  # a round that must not wait for the gathering was handed over
         self._queue: queue.Queue[SliceWrite | None] = queue.Queue()
@@ -184,7 +187,7 @@ class TableWriter:
         with self._idle:
             while not (self._closing.is_set() or self._given_up or self._flushing or self._wait_until is not None
                        or self._hurry or self._enough()):
-                remaining = self._last_write + self.min_interval_s - time.monotonic()
+                remaining = self._last_write + self.min_interval_s - self._clock()
                 if remaining <= 0:
                     return
                 self._idle.wait(remaining)
@@ -239,7 +242,7 @@ class TableWriter:
             carried, last = None, False
             with self._idle:
                 self._hurry = False  # every round handed with it is in the queue: drained below
-            self._last_write = time.monotonic()
+            self._last_write = self._clock()
             batch, parts, ordered = [first], {first.part}, _ordered(first)
             while len(batch) < self.max_pending:
                 try:
