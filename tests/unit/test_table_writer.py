@@ -13,8 +13,9 @@ import pyarrow as pa
 from herald.engine.exporter import PrometheusExporter
 from herald.engine.rounds import position_rows
 from herald.storage.store import Slice, Slices, TableStore
-from herald.storage.tables import RETRIES_SCHEMA
-from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter
+from herald.storage.tables import RETRIES_SCHEMA, UNDELIVERED_SCHEMA
+from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter, urgent
+from tests.support.clock import FakeClock
 from tests.support.herald_env import wait_until
 from tests.support.prometheus import samples
 
@@ -49,6 +50,15 @@ class FlakyStore(TableStore):
 def _round(n: int) -> tuple[Slice, list]:
     positions = position_rows("g.t.s", "t", {0: n}, "stream:q", n, dt.datetime.now(dt.timezone.utc))
     return Slice("stream:q", n), [("retries", RETRIES_SCHEMA.empty_table()), ("offsets", positions)]
+
+
+def _discarding_round(n: int) -> tuple[Slice, list]:
+    """Round `n` with an undelivered row (a message discarded), its positions last."""
+    part, tables = _round(n)
+    discarded = pa.Table.from_pylist([{"subscription": "g.t.s", "topic_name": "t", "partition": 0, "offset": n,
+                                       "status": "DISCARDED", "reason": "Message TTL expired", "batch_id": n,
+                                       "writer": part.writer}], schema=UNDELIVERED_SCHEMA)
+    return part, [("undelivered", discarded), *tables]
 
 
 def _flat(written: list[tuple[str, Slice | Slices]]) -> list[tuple[str, int]]:
@@ -285,6 +295,44 @@ def test_a_hurried_round_ends_the_gathering():
         time.sleep(0.01)
     assert writer.pending == 0 and [b for t, b in _flat(store.written) if t == "offsets"] == [0, 1, 2]
     assert writer.close()
+
+
+def test_a_round_with_a_discard_is_written_within_the_urgent_bound_not_after_the_commit_interval():
+    """An operator asks why a message did not arrive: its undelivered row is in the table within seconds, whatever
+    the routine rows do. A discard handed over 1 s after a routine write began gathers what follows it for the
+    urgent bound (5 s by default), then goes with them, in order, positions last; not after the minute."""
+    clock = FakeClock()
+    store = FlakyStore()
+    writer = TableWriter(store, min_interval_s=60.0, clock=clock)
+    _first_round_written(writer, store)  # the routine write begins at clock 1000: the next one is due at 1060
+    clock.now += 1.0
+    assert writer.submit(*_discarding_round(1))
+    clock.now += 3.0
+    assert writer.submit(*_discarding_round(2))  # another discard: the gathering still ends 5 s after the first's
+    time.sleep(0.3)
+    assert writer.pending == 2, "the discards gather with what follows them for the urgent bound"
+    clock.now += 2.0  # 5 s after the first discard was handed over (1001 + 5)
+    assert writer.submit(*_round(3))
+    assert wait_until(lambda: writer.pending == 0, 10), \
+        f"5 s after a discard was handed over, {writer.pending} round(s) still wait for the 60 s commit interval"
+    written = _flat(store.written)
+    assert [b for table, b in written if table == "undelivered"] == [1, 2]
+    assert [b for table, b in written if table == "offsets"] == [0, 1, 2, 3]
+    assert written.index(("offsets", 2)) > written.index(("undelivered", 2)), "a position before its discard"
+    assert writer.close()
+
+
+def test_discards_losses_and_parked_or_discarded_retries_are_urgent_routine_rows_are_not():
+    def retries(state: str) -> pa.Table:
+        return pa.Table.from_pylist([{"subscription": "g.t.s", "offset": 1, "state": state}], schema=RETRIES_SCHEMA)
+
+    part, routine = _round(1)
+    assert not urgent(routine), "positions and an empty retries table"
+    assert urgent(_discarding_round(1)[1])
+    assert not urgent([("undelivered", UNDELIVERED_SCHEMA.empty_table()), *routine])
+    for state, expected in (("PARKED", True), ("DISCARDED", True), ("DELIVERED", False), ("HELD", False),
+                            ("RELEASED", False)):
+        assert urgent([("retries", retries(state)), *routine[1:]]) is expected, state
 
 
 def test_a_minute_of_rounds_gathers_into_one_commit_per_table_named_by_one_term_per_writer():

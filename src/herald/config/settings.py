@@ -49,7 +49,9 @@ class StorageSettings(Strict):
     committed yet is unreferenced too; with delta-rs a read may still need the files a compaction replaced).
     commitIntervalMs: the least time between two writes of the table writer, so that rounds gather into one
     commit per table (0: write each round as soon as the last write ended). A minute by default, as Hermes
-    commits its offsets: a crash delivers up to that minute again."""
+    commits its offsets: a crash delivers up to that minute again. urgentCommitMs: the most milliseconds a gathering
+    lasts after a round with a discard, a loss or a parked message was handed over (`herald.storage.writer.urgent`),
+    so that an operator finds its row within seconds (no effect above commitIntervalMs)."""
 
     path: str
     engine: Literal["auto", "spark", "deltalake"] = "auto"
@@ -57,6 +59,7 @@ class StorageSettings(Strict):
     maintenanceIntervalHours: Annotated[float, Field(gt=0, le=8760)] | None = 6
     maintenanceRetentionHours: Annotated[float, Field(ge=1, le=87600)] = 168
     commitIntervalMs: Annotated[int, Field(ge=0, le=600_000)] = 60_000
+    urgentCommitMs: Annotated[int, Field(ge=0, le=600_000)] = 5000
 
 
 class StreamingSettings(Strict):

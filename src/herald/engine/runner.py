@@ -79,7 +79,8 @@ class Runner:
         self.lease.acquire()  # raises LeaseHeld: another job delivers from this storage path
         self.lease.start()
         context = EngineContext(self.spark, self.config, connector, store, TableWriter(
-            store, min_interval_s=settings.storage.commitIntervalMs / 1000, on_failed=self._fail_stop), once=once,
+            store, min_interval_s=settings.storage.commitIntervalMs / 1000,
+            urgent_interval_s=settings.storage.urgentCommitMs / 1000, on_failed=self._fail_stop), once=once,
             on_unrecorded=self._fail_stop)
         context.catchup_slots = threading.Semaphore(max(1, context.parallelism // 2))
         active = self.config.active_subscriptions(self.only)

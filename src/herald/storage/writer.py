@@ -14,7 +14,9 @@ the writer also waits that long after a write began before the next one, so that
 round a second then commits to each table once a minute (the default), not every second (each commit is a file,
 a log entry and, in every checkpoint until the retention ends, a tombstone). Positions are then written up to
 that much later: a crash delivers that minute again (at least once), as Hermes' periodic offset commits (60 s)
-do. A flush, a close, a stop or a queue half full writes at once.
+do. A flush, a close, a stop or a queue half full writes at once. A round with rows an operator looks for soon
+after the event (`urgent`: a discard, a loss, a message parked) ends the gathering at most `urgent_interval_s`
+(`storage.urgentCommitMs`) after it was handed over, with everything queued before and after it, in order.
 
 The queue is bounded (`max_pending` rounds, `max_pending_bytes` of rows): while storage is down or slow,
 `submit` waits, and so does the round that submits (delivery pauses, with a log line, rather than piling rounds
@@ -38,7 +40,17 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from herald.storage.store import Slice, Slices, TableStore
-from herald.storage.tables import METRICS, OFFSETS, RETRANSMISSIONS, RETRIES, SCHEMAS, TRACKING, UNDELIVERED
+from herald.storage.tables import (
+    DISCARDED,
+    METRICS,
+    OFFSETS,
+    PARKED,
+    RETRANSMISSIONS,
+    RETRIES,
+    SCHEMAS,
+    TRACKING,
+    UNDELIVERED,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +61,10 @@ _MAX_PAUSE_S = 30.0
 MAX_PENDING_ROUNDS = 2048
 """Rounds handed to the writer and not yet written before `submit` makes the next one wait. A gathering ends at
 half of it: at the default commit interval (a minute) a job can gather a round a second of 17 busy topics."""
+URGENT_INTERVAL_S = 5.0
+"""Seconds a gathering lasts at most after an urgent round (`urgent`) was handed over (`storage.urgentCommitMs`):
+its rows reach the tables within about that and a write, whatever the commit interval."""
+URGENT_RETRY_STATES = (PARKED, DISCARDED)
 FAILING_PENDING_ROUNDS = 16
 """Rounds queued, while a write fails and is retried, before `submit` makes the next one wait."""
 MAX_PENDING_BYTES = 256 * 1024 * 1024
@@ -69,17 +85,21 @@ class TableWriter:
 
     def __init__(self, store: TableStore, max_pending: int = MAX_PENDING_ROUNDS, min_interval_s: float = 0.0,
                  max_pending_bytes: int = MAX_PENDING_BYTES, on_failed: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """clock: monotonic seconds, for the gathering (a test's fake clock)."""
+                 clock: Callable[[], float] = time.monotonic, urgent_interval_s: float = URGENT_INTERVAL_S) -> None:
+        """min_interval_s: seconds a gathering lasts after a write began (`storage.commitIntervalMs`);
+        urgent_interval_s: seconds it lasts at most after an urgent round was handed over (`urgent`,
+        `storage.urgentCommitMs`); clock: monotonic seconds, for the gathering (a test's fake clock)."""
         self.store = store
         self._clock = clock
         self.on_failed = on_failed  # told (with the reason) when the writer's thread fails: the job must stop
         self.max_pending = max(1, max_pending)
         self.max_pending_bytes = max(1, max_pending_bytes)
         self.min_interval_s = max(0.0, min_interval_s)
+        self.urgent_interval_s = max(0.0, urgent_interval_s)
         self._last_write = float("-inf")  # `clock` s when the last write began
         self._flushing = 0  # callers of `flush` waiting: gather nothing more
         self._hurry = False  # a round that must not wait for the gathering was handed over
+        self._urgent_since: float | None = None  # `clock` s when the first urgent round of the gathering came
         self._queue: queue.Queue[SliceWrite | None] = queue.Queue()
         self._idle = threading.Condition()
         self._unwritten = 0
@@ -127,8 +147,11 @@ class TableWriter:
             self._held[part] += 1
             self._queue.put(SliceWrite(part, tuple(tables), new))  # under the lock: queued before `_hurry` is seen
             self._hurry = self._hurry or hurry
-            if hurry or self._enough():
-                self._idle.notify_all()  # the writer stops gathering
+            urgent_first = self._urgent_since is None and urgent(tables)
+            if urgent_first:
+                self._urgent_since = self._clock()
+            if hurry or urgent_first or self._enough():
+                self._idle.notify_all()  # the writer stops gathering, or gathers for less time
         if warned:
             log.info("storage caught up: delivery goes on after %.1f s", waited)
         return True
@@ -183,11 +206,15 @@ class TableWriter:
                 or self._unwritten_bytes >= max(1, self.max_pending_bytes // 2))
 
     def _gather(self) -> None:
-        """Wait until `min_interval_s` after the last write began, unless the writer must hurry."""
+        """Wait until `min_interval_s` after the last write began, or `urgent_interval_s` after an urgent round
+        was handed over, whichever comes first, unless the writer must hurry."""
         with self._idle:
             while not (self._closing.is_set() or self._given_up or self._flushing or self._wait_until is not None
                        or self._hurry or self._enough()):
-                remaining = self._last_write + self.min_interval_s - self._clock()
+                ends = self._last_write + self.min_interval_s
+                if self._urgent_since is not None:
+                    ends = min(ends, self._urgent_since + self.urgent_interval_s)
+                remaining = ends - self._clock()
                 if remaining <= 0:
                     return
                 self._idle.wait(remaining)
@@ -242,6 +269,7 @@ class TableWriter:
             carried, last = None, False
             with self._idle:
                 self._hurry = False  # every round handed with it is in the queue: drained below
+                self._urgent_since = None
             self._last_write = self._clock()
             batch, parts, ordered = [first], {first.part}, _ordered(first)
             while len(batch) < self.max_pending:
@@ -319,6 +347,18 @@ class TableWriter:
                     pause_s = min(pause_s * 2, _MAX_PAUSE_S)
         return True
 
+
+
+def urgent(tables) -> bool:
+    """A round's rows that an operator looks for soon after the event: a discarded or lost message (any
+    `undelivered` row), a message parked or discarded in the retries table."""
+    for table, rows in tables:
+        if table == UNDELIVERED and rows.num_rows:
+            return True
+        if table == RETRIES and rows.num_rows and any(
+                state in URGENT_RETRY_STATES for state in rows.column("state").unique().to_pylist()):
+            return True
+    return False
 
 
 def _ordered(item: SliceWrite) -> bool:
