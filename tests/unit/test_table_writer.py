@@ -14,7 +14,7 @@ from herald.engine.exporter import PrometheusExporter
 from herald.engine.rounds import position_rows
 from herald.storage.store import Slice, Slices, TableStore
 from herald.storage.tables import RETRIES_SCHEMA, UNDELIVERED_SCHEMA
-from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter, urgent
+from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter
 from tests.support.clock import FakeClock
 from tests.support.herald_env import wait_until
 from tests.support.prometheus import samples
@@ -299,16 +299,16 @@ def test_a_hurried_round_ends_the_gathering():
 
 def test_a_round_with_a_discard_is_written_within_the_urgent_bound_not_after_the_commit_interval():
     """An operator asks why a message did not arrive: its undelivered row is in the table within seconds, whatever
-    the routine rows do. A discard handed over 1 s after a routine write began gathers what follows it for the
-    urgent bound (5 s by default), then goes with them, in order, positions last; not after the minute."""
+    the routine rows do. A discard handed over (urgent) 1 s after a routine write began gathers what follows it for
+    the urgent bound (5 s by default), then goes with them, in order, positions last; not after the minute."""
     clock = FakeClock()
     store = FlakyStore()
     writer = TableWriter(store, min_interval_s=60.0, clock=clock)
     _first_round_written(writer, store)  # the routine write begins at clock 1000: the next one is due at 1060
     clock.now += 1.0
-    assert writer.submit(*_discarding_round(1))
+    assert writer.submit(*_discarding_round(1), urgent=True)
     clock.now += 3.0
-    assert writer.submit(*_discarding_round(2))  # another discard: the gathering still ends 5 s after the first's
+    assert writer.submit(*_discarding_round(2), urgent=True)  # the gathering still ends 5 s after the first
     time.sleep(0.3)
     assert writer.pending == 2, "the discards gather with what follows them for the urgent bound"
     clock.now += 2.0  # 5 s after the first discard was handed over (1001 + 5)
@@ -320,19 +320,6 @@ def test_a_round_with_a_discard_is_written_within_the_urgent_bound_not_after_the
     assert [b for table, b in written if table == "offsets"] == [0, 1, 2, 3]
     assert written.index(("offsets", 2)) > written.index(("undelivered", 2)), "a position before its discard"
     assert writer.close()
-
-
-def test_discards_losses_and_parked_or_discarded_retries_are_urgent_routine_rows_are_not():
-    def retries(state: str) -> pa.Table:
-        return pa.Table.from_pylist([{"subscription": "g.t.s", "offset": 1, "state": state}], schema=RETRIES_SCHEMA)
-
-    part, routine = _round(1)
-    assert not urgent(routine), "positions and an empty retries table"
-    assert urgent(_discarding_round(1)[1])
-    assert not urgent([("undelivered", UNDELIVERED_SCHEMA.empty_table()), *routine])
-    for state, expected in (("PARKED", True), ("DISCARDED", True), ("DELIVERED", False), ("HELD", False),
-                            ("RELEASED", False)):
-        assert urgent([("retries", retries(state)), *routine[1:]]) is expected, state
 
 
 def test_a_minute_of_rounds_gathers_into_one_commit_per_table_named_by_one_term_per_writer():

@@ -49,9 +49,10 @@ class StorageSettings(Strict):
     committed yet is unreferenced too; with delta-rs a read may still need the files a compaction replaced).
     commitIntervalMs: the least time between two writes of the table writer, so that rounds gather into one
     commit per table (0: write each round as soon as the last write ended). A minute by default, as Hermes
-    commits its offsets: a crash delivers up to that minute again. urgentCommitMs: the most milliseconds a gathering
-    lasts after a round with a discard, a loss or a parked message was handed over (`herald.storage.writer.urgent`),
-    so that an operator finds its row within seconds (no effect above commitIntervalMs)."""
+    commits its offsets: a crash delivers up to that minute again. urgentCommitMs: the most milliseconds a
+    gathering lasts after a round with a discard, a loss or a newly parked message was handed over
+    (`herald.engine.rounds.urgent`), so that an operator finds its row within seconds (no effect above
+    commitIntervalMs)."""
 
     path: str
     engine: Literal["auto", "spark", "deltalake"] = "auto"

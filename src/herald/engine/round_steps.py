@@ -30,7 +30,7 @@ from herald.engine.planner import lane_plan
 from herald.engine.positions import Lost, lost_ranges, unread_ranges
 from herald.engine.priority import HELD
 from herald.engine.projection import project
-from herald.engine.rounds import RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.rounds import RoundResult, SubscriptionOutcome, table_rows, urgent
 from herald.engine.state import SubscriptionState
 from herald.source.kafka_offsets import partition_watermarks
 from herald.storage import Slice
@@ -203,7 +203,7 @@ def record(context: EngineContext, result: RoundResult, duration_s: float, stamp
         # a round that cannot be a replay is new to the tables (catch-up and retry rounds have ids of this run):
         # its rows are appended
         if tables and not context.writer.submit(Slice(result.writer, result.batch_id), tables,
-                                                new=not possible_replay):
+                                                new=not possible_replay, urgent=urgent(result)):
             return  # the writer is closed or stopped at an earlier round: the next run delivers these again
         if park is not None:
             for outcome in result.outcomes:

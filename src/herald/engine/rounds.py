@@ -82,6 +82,16 @@ class RoundResult:
     topic_id: str | None = None  # Kafka's id of the topic its positions are in, when known
 
 
+def urgent(result: RoundResult) -> bool:
+    """The round has rows an operator looks for soon after the event (`TableWriter.submit(urgent=True)`): a
+    message discarded or lost (`undelivered` rows, DISCARDED `retries` rows), or parked by a stream or catch-up
+    round (its first PARKED row). A retry round that parks its messages again is not: their PARKED rows are in
+    the tables already, and a subscriber down for hours would otherwise commit every few seconds."""
+    return any(outcome.discarded or outcome.lost or (outcome.parked and result.kind != RETRY)
+               or any(status == DISCARDED for _, status in outcome.resolved.values())
+               for outcome in result.outcomes)
+
+
 def table_rows(result: RoundResult, now_ms: int) -> list[tuple[str, pa.Table]]:
     """The round's rows, table by table, in the order they must be written: positions last."""
     return [

@@ -15,8 +15,9 @@ round a second then commits to each table once a minute (the default), not every
 a log entry and, in every checkpoint until the retention ends, a tombstone). Positions are then written up to
 that much later: a crash delivers that minute again (at least once), as Hermes' periodic offset commits (60 s)
 do. A flush, a close, a stop or a queue half full writes at once. A round with rows an operator looks for soon
-after the event (`urgent`: a discard, a loss, a message parked) ends the gathering at most `urgent_interval_s`
-(`storage.urgentCommitMs`) after it was handed over, with everything queued before and after it, in order.
+after the event (`submit(urgent=True)`: a discard, a loss, a message parked) ends the gathering at most
+`urgent_interval_s` (`storage.urgentCommitMs`) after it was handed over, with everything queued before and
+after it, in order.
 
 The queue is bounded (`max_pending` rounds, `max_pending_bytes` of rows): while storage is down or slow,
 `submit` waits, and so does the round that submits (delivery pauses, with a log line, rather than piling rounds
@@ -40,17 +41,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from herald.storage.store import Slice, Slices, TableStore
-from herald.storage.tables import (
-    DISCARDED,
-    METRICS,
-    OFFSETS,
-    PARKED,
-    RETRANSMISSIONS,
-    RETRIES,
-    SCHEMAS,
-    TRACKING,
-    UNDELIVERED,
-)
+from herald.storage.tables import METRICS, OFFSETS, RETRANSMISSIONS, RETRIES, SCHEMAS, TRACKING, UNDELIVERED
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +53,8 @@ MAX_PENDING_ROUNDS = 2048
 """Rounds handed to the writer and not yet written before `submit` makes the next one wait. A gathering ends at
 half of it: at the default commit interval (a minute) a job can gather a round a second of 17 busy topics."""
 URGENT_INTERVAL_S = 5.0
-"""Seconds a gathering lasts at most after an urgent round (`urgent`) was handed over (`storage.urgentCommitMs`):
-its rows reach the tables within about that and a write, whatever the commit interval."""
-URGENT_RETRY_STATES = (PARKED, DISCARDED)
+"""Seconds a gathering lasts at most after an urgent round (`submit(urgent=True)`) was handed over
+(`storage.urgentCommitMs`): its rows reach the tables within about that and a write, whatever the interval."""
 FAILING_PENDING_ROUNDS = 16
 """Rounds queued, while a write fails and is retried, before `submit` makes the next one wait."""
 MAX_PENDING_BYTES = 256 * 1024 * 1024
@@ -87,8 +77,8 @@ class TableWriter:
                  max_pending_bytes: int = MAX_PENDING_BYTES, on_failed: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, urgent_interval_s: float = URGENT_INTERVAL_S) -> None:
         """min_interval_s: seconds a gathering lasts after a write began (`storage.commitIntervalMs`);
-        urgent_interval_s: seconds it lasts at most after an urgent round was handed over (`urgent`,
-        `storage.urgentCommitMs`); clock: monotonic seconds, for the gathering (a test's fake clock)."""
+        urgent_interval_s: seconds it lasts at most after an urgent round was handed over
+        (`storage.urgentCommitMs`); clock: monotonic seconds, for the gathering (a test's fake clock)."""
         self.store = store
         self._clock = clock
         self.on_failed = on_failed  # told (with the reason) when the writer's thread fails: the job must stop
@@ -114,15 +104,17 @@ class TableWriter:
         self._thread = threading.Thread(target=self._run, name="herald-table-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]], hurry: bool = False, new: bool = False) -> bool:
+    def submit(self, part: Slice, tables: list[tuple[str, pa.Table]], hurry: bool = False, new: bool = False,
+               urgent: bool = False) -> bool:
         """Queue a round's rows, table by table in the order given (an empty table clears the slice). Waits
         while `max_pending` rounds are queued. False when the round was given up instead (the writer is closed
         or abandoned an earlier round): none of its rows is written. `hurry`: end the gathering now (a row a
-        crash must not lose for 10 s, such as where a new `latest` subscription starts). `new`: the caller knows
-        that no row of `part` is in the tables and that `part` was never handed over before (a round id this
-        process made up, a micro-batch its query logged itself, a start row): its rows are appended, not
-        replaced (on delta-spark a tenth of the cost), and its empty tables are skipped; a failed append is
-        tried again as a replace, as it may have landed all the same."""
+        crash must not lose for 10 s, such as where a new `latest` subscription starts). `urgent`: rows an
+        operator looks for soon after the event (a discard): the gathering ends `urgent_interval_s` after this
+        round at most. `new`: the caller knows that no row of `part` is in the tables and that `part` was never
+        handed over before (a round id this process made up, a micro-batch its query logged itself, a start
+        row): its rows are appended, not replaced (on delta-spark a tenth of the cost), and its empty tables are
+        skipped; a failed append is tried again as a replace, as it may have landed all the same."""
         started = time.monotonic()
         warned = False
         with self._idle:
@@ -147,7 +139,7 @@ class TableWriter:
             self._held[part] += 1
             self._queue.put(SliceWrite(part, tuple(tables), new))  # under the lock: queued before `_hurry` is seen
             self._hurry = self._hurry or hurry
-            urgent_first = self._urgent_since is None and urgent(tables)
+            urgent_first = urgent and self._urgent_since is None
             if urgent_first:
                 self._urgent_since = self._clock()
             if hurry or urgent_first or self._enough():
@@ -347,18 +339,6 @@ class TableWriter:
                     pause_s = min(pause_s * 2, _MAX_PAUSE_S)
         return True
 
-
-
-def urgent(tables) -> bool:
-    """A round's rows that an operator looks for soon after the event: a discarded or lost message (any
-    `undelivered` row), a message parked or discarded in the retries table."""
-    for table, rows in tables:
-        if table == UNDELIVERED and rows.num_rows:
-            return True
-        if table == RETRIES and rows.num_rows and any(
-                state in URGENT_RETRY_STATES for state in rows.column("state").unique().to_pylist()):
-            return True
-    return False
 
 
 def _ordered(item: SliceWrite) -> bool:
