@@ -462,7 +462,7 @@ def test_a_micro_batch_still_delivering_when_the_writer_closes_makes_the_run_exi
         def delivering(self) -> bool:
             return self.still
 
-    stopped = SimpleNamespace(stop=lambda: None)
+    stopped = SimpleNamespace(stop=lambda: None, close=lambda: None)
     for delivering, code in ((False, 0), (True, 1)):
         runner = Runner(load_config(write_conf(tmp_path, "127.0.0.1:9", "g.t", {"s": {"endpoint": "http://x/"}})))
         runner.context = SimpleNamespace(writer=TableWriter(FlakyStore()), priority=stopped, discovery=stopped)
