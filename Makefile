@@ -6,7 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit demo bench dist clean
+# The Spark Herald's own work runs on (the wheel itself requires none: a cluster's pyspark is the platform's).
+SPARK_PINS := constraints/spark-4.2.txt
+
+.PHONY: install test unit demo bench dist clean compat compat-stack
 
 # After pip: the JVM parts, each fetched once from Maven Central into ~/.cache/herald (later runs find them there):
 # Spark's Kafka source and delta-spark, which Herald's local sessions load, and Apache Kafka's own broker, which
@@ -15,10 +18,10 @@ install: $(STAMP)
 	$(BIN)/herald jars fetch
 	$(BIN)/python -m tests.support.kafka_dist
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(SPARK_PINS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]' -c $(SPARK_PINS)
 	@touch $(STAMP)
 
 # Two pytest-xdist workers, a test file each at a time (its module fixtures stay in one process), handed out in
@@ -42,4 +45,25 @@ dist: install
 	@ls dist/*.whl
 
 clean:
-	rm -rf $(VENV) .herald build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-spark-* .herald build dist src/*.egg-info .pytest_cache
+
+# The compatibility stage (.ci/run): Herald's end-to-end subset on the other Spark releases platforms ship (4.0:
+# Databricks 17.3 LTS; 4.1: 18.x), each on Python 3.12 in a venv of its own with its jars fetched by `herald jars
+# fetch`: the engine end to end, both stacks' parity, spark-submit, and the demo.
+COMPAT_SPARKS := 4.0 4.1
+COMPAT_PYTHON ?= 3.12
+COMPAT_TESTS := tests/integration/test_stack_parity.py tests/integration/test_spark_submit_entry.py \
+	tests/integration/test_engine_e2e.py
+compat:
+	@for spark in $(COMPAT_SPARKS); do $(MAKE) --no-print-directory compat-stack SPARK=$$spark || exit 1; done
+
+compat-stack:
+	@test -x .venv-spark-$(SPARK)/bin/python || $$(.ci/python-of $(COMPAT_PYTHON)) -m venv .venv-spark-$(SPARK)
+	.venv-spark-$(SPARK)/bin/python -m pip install --quiet --upgrade pip
+	.venv-spark-$(SPARK)/bin/python -m pip install --quiet -e '.[test,spark]' -c constraints/spark-$(SPARK).txt
+	.venv-spark-$(SPARK)/bin/herald jars fetch
+	.venv-spark-$(SPARK)/bin/python -m tests.support.kafka_dist
+	.venv-spark-$(SPARK)/bin/python -c "import sys, pyspark, delta; print('compat:', sys.version.split()[0], \
+		'pyspark', pyspark.__version__)"
+	SPARK_SUBMIT_OPTS= .venv-spark-$(SPARK)/bin/python -m pytest -q -rs -n 2 --dist loadfile $(COMPAT_TESTS)
+	.venv-spark-$(SPARK)/bin/herald demo --conf conf
