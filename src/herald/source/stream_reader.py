@@ -10,12 +10,12 @@ import logging
 import sys
 
 from pyspark.sql.datasource import DataSourceStreamReader
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from herald.source import PYTHON_SOURCE_NAME
 from herald.source.kafka_offsets import Offsets, Watermarks, canonical_offsets, offsets_at, split_read_limit
 from herald.source.options import SourceOptions, SpecificOffsets, parse_offsets_json
 from herald.source.planning import KafkaInputPartition, KafkaReaderBase, resolve_offsets
+from herald.source.read_limits import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
         self._target: dict[str, dict[int, int]] | None = None
         self._last_marks: Watermarks | None = None
         self._new_partition_starts: dict[tuple[str, int], int] = {}
+        self._last_end: dict | None = None  # what `latestOffset` last returned (pyspark 4.0 gives no start)
 
     def _watermarks(self) -> Watermarks:
         marks = self._fetch_watermarks()
@@ -77,7 +78,13 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
         limit = self._options.max_offsets_per_trigger
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        """The end of the next micro-batch: from `start`, within `limit` (pyspark 4.0 gives neither: everything
+        available, from where the last micro-batch ended; `herald.source.read_limits`)."""
+        if start is None:
+            start = self._last_end or {}
+        if limit is None:
+            limit = ReadAllAvailable()
         if not isinstance(limit, (ReadAllAvailable, ReadMaxRows)):
             raise ValueError(f"{PYTHON_SOURCE_NAME} supports ReadAllAvailable and ReadMaxRows, not {limit!r}")
         marks = self._watermarks()
@@ -100,7 +107,8 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
         for topic, parts in start.items():  # never forget a partition the checkpoint knows
             for p, offset in parts.items():
                 end.setdefault(topic, {}).setdefault(p, offset)
-        return canonical_offsets(end)
+        self._last_end = canonical_offsets(end)
+        return self._last_end
 
     def _new_partition_start(self, topic: str, partition: int, low: int) -> int:
         """A partition not in the checkpoint yet starts at earliest; remembered so `partitions` uses the same."""
