@@ -45,17 +45,20 @@ dist: install
 	@ls dist/*.whl
 
 clean:
-	rm -rf $(VENV) .venv-spark-* .herald build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-spark-* .venv-wheel-* .herald build dist src/*.egg-info .pytest_cache
 
 # The compatibility stage (.ci/run): Herald's end-to-end subset on the other Spark releases platforms ship (4.0:
 # Databricks 17.3 LTS; 4.1: 18.x), each on Python 3.12 in a venv of its own with its jars fetched by `herald jars
-# fetch`: the engine end to end, both stacks' parity, spark-submit, and the demo.
+# fetch`: the engine end to end, both stacks' parity, spark-submit, and the demo. Then the wheel, installed on Python
+# 3.10 and 3.13 next to a pyspark already there, which it must leave as it was.
 COMPAT_SPARKS := 4.0 4.1
 COMPAT_PYTHON ?= 3.12
 COMPAT_TESTS := tests/integration/test_stack_parity.py tests/integration/test_spark_submit_entry.py \
 	tests/integration/test_engine_e2e.py
-compat:
+compat: dist
 	@for spark in $(COMPAT_SPARKS); do $(MAKE) --no-print-directory compat-stack SPARK=$$spark || exit 1; done
+	.ci/wheel-beside-pyspark 3.10 4.0.0
+	.ci/wheel-beside-pyspark 3.13 4.1.1
 
 compat-stack:
 	@test -x .venv-spark-$(SPARK)/bin/python || $$(.ci/python-of $(COMPAT_PYTHON)) -m venv .venv-spark-$(SPARK)
