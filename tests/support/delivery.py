@@ -72,13 +72,15 @@ def lane(url: str = "http://sub/a", **overrides) -> LanePlan:
 
 
 def run(lanes: dict[int, LanePlan], batches: list[InputBatch], respond, clock: FakeClock | None = None,
-        deadline_s: float = 10.0, park_after_s: float = 1.0, tokens=None, task_index: int = 0, **plan_fields):
+        deadline_s: float = 10.0, park_after_s: float = 1.0, tokens=None, task_index: int = 0, stop=None,
+        **plan_fields):
     clock = clock or FakeClock()
     transport = FakeTransport(clock, respond)
     plan = TaskPlan(topic=TOPIC, lanes=lanes, budget_s=deadline_s,
                     park_after_s=park_after_s, **plan_fields)
     sender = TaskSender(plan, transport, clock=clock.monotonic, wall_clock_ms=clock.wall_ms, sleep=clock.sleep,
-                        prefetch=False, task_index=task_index, **({"tokens": tokens} if tokens is not None else {}))
+                        prefetch=False, task_index=task_index, **({"tokens": tokens} if tokens is not None else {}),
+                        **({"stop": stop} if stop is not None else {}))
     report = sender.run(batches)
     assert transport.closed
     return report, transport, clock

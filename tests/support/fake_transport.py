@@ -5,7 +5,9 @@
     TaskSender(plan, transport, clock=clock.monotonic, wall_clock_ms=clock.wall_ms, sleep=clock.sleep)
 
 `respond(request, attempt)` returns (HttpAnswer or TransportFailure, latency in seconds); `attempt` is the
-0-based attempt of that message id (or batch id). Every request is recorded with the fake time it started and ended.
+0-based attempt of that message id (or batch id). Every request is recorded with the fake time it started and ended
+(the time its answer would have come), and, when the loop aborted it, when (`aborted`): its answer then never
+comes out of `poll`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Sent:
     started: float
     ended: float
     result: object
+    aborted: float | None = None
 
     def header(self, name: str) -> str | None:
         for line in self.request.header_lines:
@@ -76,6 +79,18 @@ class FakeTransport(Transport):
             _, _, token, sent = heapq.heappop(self._finishing)
             done.append((token, sent.result))
         return done
+
+    def abort(self, token):
+        from herald.delivery.transport import aborted_failure
+
+        for at, entry in enumerate(self._finishing):
+            if entry[2] == token:
+                sent = entry[3]
+                del self._finishing[at]
+                heapq.heapify(self._finishing)
+                sent.aborted = self.clock.now
+                return aborted_failure(self.clock.now - sent.started)
+        return None
 
     @property
     def open(self) -> int:

@@ -69,7 +69,9 @@ class Lane:
         self._waiting: list[tuple[float, int, Unit]] = []  # ready units, not open: by due time
         self._fresh = 0  # units not attempted yet: never, or (parked retries) not in this task
         self._open_first = 0  # open attempts that are the first of their unit here
-        self.settling = False  # starts no more attempts; settles once its open attempts are answered
+        # settling: starts no more attempts; settles once its open attempts are answered, or aborted by the loop
+        # when `TaskPlan.request_grace_s` runs out (each then a timeout)
+        self.settling = False
         self._sequence = itertools.count()
         self._resume = plan.resume
         self._stalled_since: float | None = None

@@ -146,6 +146,10 @@ class TaskPlan:
         is unfinished is parked or left behind the subscription's position.
     park_after_s: once a subscription has nothing left but retries and the input is read, how long they are
         retried in the task before they are parked.
+    request_grace_s: seconds a request still open when its lane settles (at the deadline, at the sender's
+        `stop`, or on its own: stalled, throttled, a pin's timeout, its subscription changed) may take to answer;
+        then the transport aborts it and it counts as a timeout (retried: parked or carried). A hanging
+        subscriber so holds its task for at most this long past the deadline, whatever its requestTimeout.
     settle_throttled: a subscription whose next attempt waits longer than `park_after_s` for its rate (it is
         rate-limited, or slowed to probes because it fails) settles then, as at the deadline, instead of
         keeping the round open: for the shared query, where it would hold back the topic's other
@@ -164,6 +168,7 @@ class TaskPlan:
     budget_s: float
     tasks: int = 1
     park_after_s: float = 1.0
+    request_grace_s: float = 1.0
     settle_throttled: bool = False
     transport: str = "auto"
     max_open: int = 512

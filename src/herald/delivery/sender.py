@@ -14,8 +14,11 @@ Hermes' rules. It:
 3. hands each answer to its lane;
 4. settles a lane that has nothing but retries left for `park_after_s` (once its input is read), one whose
    rate keeps its next attempt waiting longer than that (`TaskPlan.settle_throttled`), and every
-   lane at the deadline (after its open attempts finish): unattempted messages stop its position, retries
-   are parked (or carried, for an ordered subscription or beyond its stop).
+   lane at the deadline or at `stop()`: unattempted messages stop its position, retries are parked (or
+   carried, for an ordered subscription or beyond its stop). A settling lane starts nothing more; its open
+   attempts get `request_grace_s` to answer, then the transport aborts them and each counts as a timeout
+   (retried by the lane's rules), so a subscriber that never answers holds the task for at most the deadline
+   plus that grace, whatever its requestTimeout. An answer to an aborted attempt never counts.
 
 It returns when every lane is finished or settled, with a `TaskReport`. Time comes from an injectable
 monotonic `clock` (seconds) and `wall_clock_ms` (epoch ms), read together into one `clock.Instant` per turn
@@ -45,7 +48,11 @@ from herald.delivery.message import Record
 from herald.delivery.oauth import TOKENS, TokenCache
 from herald.delivery.plan import TaskPlan
 from herald.delivery.report import MAX_GAPS, TaskReport
-from herald.delivery.transport import Transport, open_transport
+from herald.delivery.transport import HttpRequest, Transport, open_transport
+from herald.delivery.unit import Unit
+
+Token = tuple[Lane, Unit, float]
+"""An open attempt: its lane, its unit and when it started (monotonic seconds)."""
 
 _SWEEP_S = 0.05  # how often every lane's flow window and stall are looked at
 _INPUT_POLL_S = 0.01  # longest wait for an answer while more input may be ready
@@ -92,6 +99,8 @@ class TaskSender:
         self._tracing: list[Lane] = []  # lanes that record every row's step, FILTERED included
         self._batching: list[Lane] = []  # BATCH lanes: told how far each partition has been read
         self._control: ControlPoller | None = None
+        self._open: dict[Token, None] = {}  # attempts started and neither answered nor aborted
+        self._grace_ends: dict[Lane, float] = {}  # settling lanes with attempts open: when those are aborted
 
     def run(self, batches: Iterable[InputBatch]) -> TaskReport:
         now = Instant(self.clock(), self.wall_clock_ms())
@@ -127,11 +136,17 @@ class TaskSender:
         transport = self.transport
         clock, wall_clock_ms = self.clock, self.wall_clock_ms
         next_sweep = 0.0
+        abort_at = math.inf  # once stopping: the deadline (or the stop) plus the grace, monotonic seconds
         while True:
             now = Instant(clock(), wall_clock_ms())
             at = now.s
-            stopping = at >= deadline or self.stop()
+            stopping = abort_at < math.inf
+            if not stopping and (at >= deadline or self.stop()):
+                stopping = True
+                abort_at = min(at, deadline) + self.plan.request_grace_s
             if stopping:
+                if transport.open and at >= abort_at:
+                    self._abort(None, now)
                 if transport.open == 0:
                     self._settle_all(now, reader.done)
                     return
@@ -145,9 +160,12 @@ class TaskSender:
                     self._sweep(now, reader.done)
                 if reader.done and transport.open == 0 and all(l.finished or l.settled for l in self.lanes.values()):
                     return
-            wait_s = _IDLE_WAIT_S if stopping else self._wait_s(at, deadline, next_sweep, reader)
+            wait_s = min(_IDLE_WAIT_S, abort_at - at) if stopping else self._wait_s(at, deadline, next_sweep, reader)
             if transport.open:
                 for token, result in transport.poll(wait_s):
+                    if token not in self._open:
+                        continue  # aborted: its answer, however late, never counts (the transport drops it too)
+                    del self._open[token]
                     lane, delivery, started_at = token
                     lane.answer(delivery, started_at, result, Instant(clock(), wall_clock_ms()))
                     if not stopping:
@@ -181,7 +199,7 @@ class TaskSender:
                 continue
             self._release(lane.admit(now))
             room = transport.max_open - transport.open
-            wake_at, _ = lane.dispatch(now, room, transport.start)
+            wake_at, _ = lane.dispatch(now, room, self._start)
             if wake_at is None:
                 continue
             if wake_at <= now.s:  # the transport is full
@@ -210,6 +228,10 @@ class TaskSender:
                 lane.settling = since is not None and now.s - since >= self.plan.park_after_s or (
                     self.plan.settle_throttled and lane.throttled_s(now) > self.plan.park_after_s) or (
                     lane.pin is not None and lane.pin.expired(now.ms))  # its pinned endpoint timed out
+            if lane.settling and lane.open:
+                grace_ends = self._grace_ends.setdefault(lane, now.s + self.plan.request_grace_s)
+                if now.s >= grace_ends:
+                    self._abort(lane, now)
             if lane.settling and lane.open == 0:
                 self._release(lane.settle(now, self._progress, input_done))
 
@@ -217,6 +239,22 @@ class TaskSender:
         for lane in self.lanes.values():
             if not lane.settled:
                 self._release(lane.settle(now, self._progress, input_done))
+
+    # -- attempts ---------------------------------------------------------------------------------------------
+    def _start(self, request: HttpRequest, token: Token) -> None:
+        self._open[token] = None
+        self.transport.start(request, token)
+
+    def _abort(self, lane: Lane | None, now: Instant) -> None:
+        """Abort the open attempts of `lane` (None: of every lane); each is a timeout to its lane, which retries
+        it by its rules (its attempt counted, its backoff applied) or gives it up (its TTL, maxAttempts)."""
+        for token in [token for token in self._open if lane is None or token[0] is lane]:
+            del self._open[token]
+            failure = self.transport.abort(token)
+            if failure is None:
+                raise RuntimeError("the transport lost an open attempt")  # the lane could never settle
+            owner, unit, started_at = token
+            owner.answer(unit, started_at, failure, now)
 
     # -- input ------------------------------------------------------------------------------------------------
     def _room_to_read(self) -> bool:

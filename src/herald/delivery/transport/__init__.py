@@ -14,6 +14,9 @@ Semantics on both (docs/design.md §4):
 - `request_timeout_s` is a total for the attempt (connect, send, wait, read);
 - `socket_timeout_s` (0 = none) is an idle limit while the answer is awaited and read (libcurl checks it
   to the second: see `curl`);
+- `abort` ends an open attempt at once, unanswered (the delivery loop's grace at a settle ran out): its connection
+  is closed, never reused, and `poll` never returns it, even when its answer arrives later, so a late answer is
+  never taken for another attempt's;
 - redirects are never followed (a 3xx is an answer to classify); no `Expect: 100-continue`;
 - the headers are sent as given (the Authorization header carries Basic auth from the endpoint);
 - the answer's `Retry-After` header is returned as text; its body is read (up to a limit) and dropped;
@@ -96,10 +99,16 @@ class Transport(ABC):
         """Attempts finished since the last call; waits up to `timeout_s` seconds for at least one when none
         has finished yet (returns at once when nothing is open)."""
 
+    @abstractmethod
+    def abort(self, token: Hashable) -> TransportFailure | None:
+        """End the open attempt `token` now, unanswered: it is closed with its connection, and `poll` never returns
+        it. Returns what it counts as (`aborted_failure`), or None when no attempt of `token` is open. Tokens of
+        open attempts are distinct."""
+
     @property
     @abstractmethod
     def open(self) -> int:
-        """Attempts started and not yet returned by `poll`."""
+        """Attempts started and not yet returned by `poll` nor aborted."""
 
     @abstractmethod
     def close(self) -> None:
@@ -113,6 +122,12 @@ def timeout_failure(request: HttpRequest, elapsed_s: float) -> TransportFailure:
     limit_ms = (request.socket_timeout_s if idle else request.request_timeout_s) * 1000
     limit = f"idle for {limit_ms:.0f} ms" if idle else f"{limit_ms:.0f} ms"
     return TransportFailure(FailureKind.TIMEOUT, f"Timeout: no complete answer, {limit} elapsed")
+
+
+def aborted_failure(elapsed_s: float) -> TransportFailure:
+    """An attempt aborted unanswered `elapsed_s` seconds after it started (`Transport.abort`): a timeout."""
+    return TransportFailure(FailureKind.TIMEOUT,
+                            f"Timeout: no complete answer when its round ended, {elapsed_s * 1000:.0f} ms elapsed")
 
 
 def connection_failure(detail: str) -> TransportFailure:

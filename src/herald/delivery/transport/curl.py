@@ -24,6 +24,10 @@ check (LOW_SPEED_LIMIT 1 byte/s for LOW_SPEED_TIME s) is not used: it averages o
 the bytes sent, so with LOW_SPEED_TIME 1 s it fired 1.0 s after the last byte for an empty body, 4.0 s for a
 3-byte body and 7.0 s for a 200-byte or larger one (libcurl 8.23).
 
+`abort` removes an attempt's easy handle from the multi handle: libcurl stops the transfer and closes its
+connection (an HTTP/1.1 answer not read to its end leaves it unusable), so nothing of that answer can reach
+another attempt; the handle goes back to the idle ones.
+
 Waiting uses select(2) (`CurlMulti.select`), which sees descriptors below FD_SETSIZE (1024) only: one wait
 never lasts longer than libcurl's next timer nor `_MAX_WAIT_S`, so transfers on higher descriptors still
 progress, that much later.
@@ -49,6 +53,7 @@ from herald.delivery.transport import (
     HttpAnswer,
     HttpRequest,
     Transport,
+    aborted_failure,
     connection_failure,
     timeout_failure,
     tls_failure,
@@ -91,8 +96,9 @@ class _Handle(pycurl.Curl):
 
     url, timeout_ms, tls: what is set on the handle, so that only what changes is set again.
     head: the answer's head, as received. token, request: the attempt under way (None when idle).
-    started, moved, moved_at: for an attempt with an idle limit, when it started (monotonic seconds), the bytes
-        it had moved at the last look, and since when (monotonic seconds).
+    started: when the attempt under way started (monotonic seconds).
+    moved, moved_at: for an attempt with an idle limit, the bytes it had moved at the last look, and since when
+        (monotonic seconds).
     """
 
     __slots__ = ("pool", "url", "timeout_ms", "tls", "head", "token", "request", "started", "moved", "moved_at")
@@ -112,6 +118,7 @@ class CurlTransport(Transport):
         self._idle: dict[Pool, list[_Handle]] = {}
         self._endpoints: dict[str, Endpoint] = {}  # url -> endpoint
         self._watched: dict[_Handle, None] = {}  # open attempts with an idle limit
+        self._open_handles: dict[Hashable, _Handle] = {}  # token -> the handle of its open attempt
         self._next_idle_check = 0.0
         self._open = 0
 
@@ -138,12 +145,22 @@ class CurlTransport(Transport):
         handle.head.truncate()
         handle.token = token
         handle.request = request
+        handle.started = time.monotonic()
         if 0 < request.socket_timeout_s < request.request_timeout_s:
-            handle.started = handle.moved_at = time.monotonic()
+            handle.moved_at = handle.started
             handle.moved = 0
             self._watched[handle] = None
         self._multi.add_handle(handle)
+        self._open_handles[token] = handle
         self._open += 1
+
+    def abort(self, token: Hashable) -> TransportFailure | None:
+        handle = self._open_handles.get(token)
+        if handle is None:
+            return None
+        failure = aborted_failure(time.monotonic() - handle.started)
+        self._release(handle)  # removing an unfinished transfer closes its connection
+        return failure
 
     def poll(self, timeout_s: float) -> list[tuple[Hashable, HttpAnswer | TransportFailure]]:
         finished: list[tuple[Hashable, HttpAnswer | TransportFailure]] = []
@@ -178,6 +195,7 @@ class CurlTransport(Transport):
         self._handles.clear()
         self._idle.clear()
         self._watched.clear()
+        self._open_handles.clear()
         self._open = 0
         self._multi.close()
 
@@ -237,6 +255,7 @@ class CurlTransport(Transport):
         self._multi.remove_handle(handle)
         if self._watched:
             self._watched.pop(handle, None)
+        del self._open_handles[handle.token]
         handle.token = handle.request = None
         self._open -= 1
         idle = self._idle.get(handle.pool)

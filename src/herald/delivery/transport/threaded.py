@@ -16,6 +16,13 @@ its client certificate and key, and the key's passphrase, which requests has no 
 `_Adapter`); urllib3 keeps a connection pool per endpoint and TLS settings, so a connection is reused only by
 attempts with the same ones.
 
+`abort` cannot stop a thread: it marks the attempt aborted, so that `poll` drops its result whenever it comes,
+and shuts its socket down (`_Attempt`), which ends the thread's wait at once and makes the connection unusable:
+urllib3 never hands it to a later request (it drops a connection that is closed or has unread bytes), and a
+thread's connections serve only that thread's attempts, one at a time. An attempt aborted while its TCP connect
+is still under way (no socket yet) holds its thread until that connect's timeout; its result is dropped all the
+same.
+
 This is the only place that sees requests/urllib3 exceptions; they become `TransportFailure`s here (`_failure`:
 an SSL error a `tls_failure`).
 """
@@ -23,6 +30,7 @@ an SSL error a `tls_failure`).
 from __future__ import annotations
 
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -32,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 import urllib3
 from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from herald import __version__
 from herald.delivery.outcome import FailureKind, TransportFailure
@@ -40,6 +50,7 @@ from herald.delivery.transport import (
     HttpAnswer,
     HttpRequest,
     Transport,
+    aborted_failure,
     connection_failure,
     timeout_failure,
     tls_failure,
@@ -50,6 +61,49 @@ MAX_THREADS = 32
 """Most worker threads of one transport."""
 
 _READ_CHUNK_BYTES = 16 * 1024
+
+_CURRENT = threading.local()
+"""`attempt`: the `_Attempt` the worker thread is sending now (None between attempts)."""
+
+
+class _Attempt:
+    """One attempt on a worker thread, and what `abort` needs to end it: the connection it is sent on (set when
+    the thread connects or sends, cleared when it is done, under `lock`)."""
+
+    __slots__ = ("token", "request", "started", "aborted", "connection", "lock")
+
+    def __init__(self, token: Hashable, request: HttpRequest) -> None:
+        self.token = token
+        self.request = request
+        self.started = time.monotonic()
+        self.aborted = False
+        self.connection: HTTPConnection | None = None
+        self.lock = threading.Lock()
+
+    def attach(self, connection: HTTPConnection) -> None:
+        """(worker thread) The attempt goes out on `connection`; raises if it was aborted already."""
+        with self.lock:
+            if self.aborted:
+                raise ConnectionAbortedError("attempt aborted")
+            self.connection = connection
+
+    def detach(self) -> None:
+        """(worker thread) The attempt is done: its connection may serve the thread's next attempt."""
+        with self.lock:
+            self.connection = None
+
+    def abort(self) -> None:
+        """(delivery loop) Mark it aborted and shut its socket down: the thread's read ends at once and the
+        connection can carry nothing more. Under the lock, so never the socket of the thread's next attempt."""
+        with self.lock:
+            self.aborted = True
+            sock = getattr(self.connection, "sock", None)
+            if sock is not None:
+                # socket.socket's own shutdown: an SSLSocket's drops its TLS state under the reading thread
+                try:
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 class ThreadedTransport(Transport):
@@ -64,53 +118,68 @@ class ThreadedTransport(Transport):
         self._local = threading.local()
         self._adapters: list[_Adapter] = []
         self._lock = threading.Lock()
-        self._open = 0
+        self._attempts: dict[Hashable, _Attempt] = {}  # token -> its open attempt (the delivery loop's thread)
         self._closed = False
 
     @property
     def open(self) -> int:
-        return self._open
+        return len(self._attempts)
 
     def start(self, request: HttpRequest, token: Hashable) -> None:
         if self._closed:
             raise RuntimeError("transport closed")
-        self._open += 1
-        self._pool.submit(self._run, request, token)
+        attempt = _Attempt(token, request)
+        self._attempts[token] = attempt
+        self._pool.submit(self._run, attempt)
 
     def poll(self, timeout_s: float) -> list[tuple[Hashable, HttpAnswer | TransportFailure]]:
         finished: list[tuple[Hashable, HttpAnswer | TransportFailure]] = []
-        if not self._open:
-            return finished
-        try:
-            finished.append(self._finished.get(timeout=timeout_s) if timeout_s > 0 else self._finished.get_nowait())
-        except queue.Empty:
-            return finished
-        while True:
+        deadline = time.monotonic() + timeout_s
+        while self._attempts:
             try:
-                finished.append(self._finished.get_nowait())
+                if finished or timeout_s <= 0:
+                    attempt, result = self._finished.get_nowait()
+                else:
+                    attempt, result = self._finished.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-        self._open -= len(finished)
+            if attempt.aborted:
+                continue  # its late result: dropped (`abort` counted it)
+            del self._attempts[attempt.token]
+            finished.append((attempt.token, result))
         return finished
+
+    def abort(self, token: Hashable) -> TransportFailure | None:
+        attempt = self._attempts.pop(token, None)
+        if attempt is None:
+            return None
+        attempt.abort()
+        return aborted_failure(time.monotonic() - attempt.started)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for attempt in self._attempts.values():
+            attempt.abort()  # frees its thread
+        self._attempts.clear()
         with self._lock:
             adapters, self._adapters = self._adapters, []
         for adapter in adapters:
             adapter.close()
-        self._open = 0
 
     # -- in the worker threads --------------------------------------------------------------------------------
-    def _run(self, request: HttpRequest, token: Hashable) -> None:
+    def _run(self, attempt: _Attempt) -> None:
+        _CURRENT.attempt = attempt
         try:
-            result = self._post(request)
+            result = self._post(attempt.request)
         except Exception as error:  # noqa: BLE001 - anything unexpected is still a failed attempt, not a lost one
             result = _failure(error)
-        self._finished.put((token, result))
+        finally:
+            _CURRENT.attempt = None
+            attempt.detach()
+        self._finished.put((attempt, result))
 
     def _adapter(self) -> _Adapter:
         adapter = getattr(self._local, "adapter", None)
@@ -151,15 +220,54 @@ class ThreadedTransport(Transport):
 
 class _Adapter(HTTPAdapter):
     """requests' HTTPAdapter, plus the client key's passphrase of the attempt being sent (`key_password`, set
-    before each `send`: one thread uses an adapter), handed to urllib3, which keys its pools by it too."""
+    before each `send`: one thread uses an adapter), handed to urllib3, which keys its pools by it too; its
+    connections tell the thread's attempt which connection it goes out on (`_Attempt.attach`)."""
 
     key_password: str | None = None
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _HttpPool, "https": _HttpsPool}
 
     def build_connection_pool_key_attributes(self, request, verify, cert=None):
         host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
         if cert is not None and self.key_password is not None:
             pool_kwargs["key_password"] = self.key_password
         return host_params, pool_kwargs
+
+
+def _attach(connection: HTTPConnection) -> None:
+    attempt = getattr(_CURRENT, "attempt", None)
+    if attempt is not None:
+        attempt.attach(connection)
+
+
+class _HttpConnection(HTTPConnection):
+    def connect(self) -> None:
+        _attach(self)
+        super().connect()
+
+    def request(self, *args, **kwargs) -> None:
+        _attach(self)
+        super().request(*args, **kwargs)
+
+
+class _HttpsConnection(HTTPSConnection):
+    def connect(self) -> None:
+        _attach(self)
+        super().connect()
+
+    def request(self, *args, **kwargs) -> None:
+        _attach(self)
+        super().request(*args, **kwargs)
+
+
+class _HttpPool(HTTPConnectionPool):
+    ConnectionCls = _HttpConnection
+
+
+class _HttpsPool(HTTPSConnectionPool):
+    ConnectionCls = _HttpsConnection
 
 
 def tls_session(tls: TlsSettings | None) -> tuple[requests.Session, dict]:
