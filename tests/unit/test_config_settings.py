@@ -20,6 +20,7 @@ def test_defaults_of_the_new_settings(tmp_path):
     streaming, delivery = settings.streaming, settings.delivery
     assert (streaming.batchDeadlineMs, streaming.parkAfterMs, streaming.configPollMs) == (10_000, 1000, 2000)
     assert (streaming.batch_deadline_s, streaming.park_after_s, streaming.config_poll_s) == (10.0, 1.0, 2.0)
+    assert streaming.requestGraceMs == 1000 and streaming.request_grace_s == 1.0
     assert (delivery.transport, delivery.maxOpenRequests) == ("auto", 512)
     assert settings.rateControl.adjustIntervalMs == 30_000  # Hermes' 30 s period
     assert settings.rateControl.flow_settings().adjust_interval_s == 30.0
@@ -30,6 +31,7 @@ def test_settings_are_read_and_converted_to_seconds(tmp_path):
 streaming:
   batchDeadlineMs: 2500
   parkAfterMs: 0
+  requestGraceMs: 250
   configPollMs: 200
 delivery:
   transport: requests
@@ -40,13 +42,15 @@ rateControl:
     config = load_config(write_conf(tmp_path, settings=settings))
     streaming = config.settings.streaming
     assert (streaming.batch_deadline_s, streaming.park_after_s, streaming.config_poll_s) == (2.5, 0.0, 0.2)
+    assert streaming.request_grace_s == 0.25
     assert config.settings.delivery == DeliverySettings(transport="requests", maxOpenRequests=10_000)
     assert config.settings.rateControl.flow_settings().adjust_interval_s == 1.5
 
 
 @pytest.mark.parametrize("low, high", [(True, False), (False, True)])
 def test_limits_are_reported_with_file_and_key(tmp_path, low, high):
-    values = {"batchDeadlineMs": (999, 600_001), "parkAfterMs": (-1, 60_001), "configPollMs": (199, 600_001)}
+    values = {"batchDeadlineMs": (999, 600_001), "parkAfterMs": (-1, 60_001), "requestGraceMs": (-1, 60_001),
+              "configPollMs": (199, 600_001)}
     delivery = {"maxOpenRequests": (0, 10_001)}
     pick = 0 if low else 1
     settings = SETTINGS + "streaming:\n" + "".join(f"  {k}: {v[pick]}\n" for k, v in values.items()) + \
@@ -56,11 +60,13 @@ def test_limits_are_reported_with_file_and_key(tmp_path, low, high):
     if low:
         expected = {f"{file}: streaming.batchDeadlineMs: must be >= 1000 (got 999)",
                     f"{file}: streaming.parkAfterMs: must be >= 0 (got -1)",
+                    f"{file}: streaming.requestGraceMs: must be >= 0 (got -1)",
                     f"{file}: streaming.configPollMs: must be >= 200 (got 199)",
                     f"{file}: delivery.maxOpenRequests: must be >= 1 (got 0)"}
     else:
         expected = {f"{file}: streaming.batchDeadlineMs: must be <= 600000 (got 600001)",
                     f"{file}: streaming.parkAfterMs: must be <= 60000 (got 60001)",
+                    f"{file}: streaming.requestGraceMs: must be <= 60000 (got 60001)",
                     f"{file}: streaming.configPollMs: must be <= 600000 (got 600001)",
                     f"{file}: delivery.maxOpenRequests: must be <= 10000 (got 10001)"}
     expected.add(f"{file}: delivery.transport: must be one of 'auto', 'curl' or 'requests'")

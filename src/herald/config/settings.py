@@ -75,6 +75,10 @@ class StreamingSettings(Strict):
         yet).
     parkAfterMs: milliseconds that a subscription's retries, once nothing else is left for it in the
         micro-batch, keep being retried in the task before they are parked.
+    requestGraceMs: milliseconds a request still open when a subscription's delivery in a task ends (its
+        deadline, parkAfterMs, a change) may take to answer before it is aborted and counts as a timeout. It bounds
+        what a subscriber that never answers costs the others; a subscriber whose answers take longer has the
+        requests of each round's end aborted and sent again.
     configPollMs: milliseconds between two looks of a running job for configuration changes.
     controlPort: the TCP port of the driver's control endpoint, which running tasks ask every configPollMs which
         subscriptions are delivered (0: a free port; on a cluster whose network lets only some ports through
@@ -85,6 +89,7 @@ class StreamingSettings(Strict):
     maxOffsetsPerTrigger: Annotated[int, Field(ge=1)] | None = 10000
     batchDeadlineMs: Annotated[int, Field(ge=1000, le=600_000)] = 10_000
     parkAfterMs: Annotated[int, Field(ge=0, le=60_000)] = 1000
+    requestGraceMs: Annotated[int, Field(ge=0, le=60_000)] = 1000
     configPollMs: Annotated[int, Field(ge=200, le=600_000)] = 2000
     controlPort: Annotated[int, Field(ge=0, le=65535)] = 0
 
@@ -97,6 +102,11 @@ class StreamingSettings(Strict):
     def park_after_s(self) -> float:
         """parkAfterMs in seconds."""
         return self.parkAfterMs / 1000
+
+    @property
+    def request_grace_s(self) -> float:
+        """requestGraceMs in seconds."""
+        return self.requestGraceMs / 1000
 
     @property
     def config_poll_s(self) -> float:

@@ -100,6 +100,7 @@ def task_plan(context: EngineContext, kafka_topic: str, lanes: dict[int, LanePla
         budget_s=settings.streaming.batch_deadline_s,
         tasks=tasks,
         park_after_s=settings.streaming.park_after_s,
+        request_grace_s=settings.streaming.request_grace_s,
         settle_throttled=shared,
         transport=settings.delivery.transport,
         max_open=settings.delivery.maxOpenRequests,
