@@ -17,6 +17,7 @@ import json
 import pytest
 
 from herald.delivery.flow import FlowMode, FlowSettings, FlowState
+from herald.delivery.pin import PinPlan
 from herald.delivery.transport import HttpAnswer
 from tests.support.clock import FakeClock
 from tests.support.delivery import batch, by_url, lane, lane_report, record, retry_policy, run
@@ -115,6 +116,25 @@ def test_a_throttled_lane_settling_early_aborts_its_hanging_probe_after_the_grac
     result = lane_report(report, 0)
     assert len(by_url(transport, "http://sub/hang")) == 1 and result.counters.timeouts == 1
     assert result.stops == {0: 1} and [p.record.offset for p in result.parked] == [0]
+
+
+def test_a_lane_whose_pin_times_out_aborts_its_hanging_attempts_after_the_grace():
+    """Its pinned endpoint has refused for longer than the pin's timeout: the first refusal in the task settles
+    the lane (the driver gives the pin up), and its other attempt, hanging, gets the grace."""
+    rows = [(record(0, o), (0,)) for o in range(4)]
+    clock = FakeClock()
+    pin = PinPlan("pin-1", timeout_ms=500, refused_since_ms=clock.wall_ms() - 10_000)
+
+    def respond(request, attempt):
+        return (HttpAnswer(500), 0.01) if json.loads(request.body)["o"] == 0 else (HttpAnswer(200), LATE_S)
+
+    report, transport, _ = run({0: lane(inflight=2, pin=pin, request_timeout_s=LATE_S)}, [batch(rows)], respond,
+                               clock=clock, deadline_s=30.0)
+    assert clock.now - START_S < GRACE_S + 0.3, "settled at the refusal, the hanging attempt aborted after the grace"
+    result = lane_report(report)
+    assert (result.counters.codes_5xx, result.counters.timeouts, result.counters.delivered) == (1, 1, 0)
+    assert result.stops == {0: 2} and [p.record.offset for p in result.parked] == [0, 1]
+    assert result.pin_news is not None
 
 
 def test_an_attempt_that_answers_within_the_grace_counts_as_answered():

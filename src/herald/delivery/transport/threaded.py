@@ -171,6 +171,8 @@ class ThreadedTransport(Transport):
 
     # -- in the worker threads --------------------------------------------------------------------------------
     def _run(self, attempt: _Attempt) -> None:
+        if attempt.aborted:
+            return  # aborted while it waited for a thread: never sent
         _CURRENT.attempt = attempt
         try:
             result = self._post(attempt.request)
