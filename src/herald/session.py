@@ -48,10 +48,13 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
 
     `master` is used only when no master is configured yet (spark-submit sets one). In local mode Spark's
     Python workers must run this interpreter, so PYSPARK_PYTHON defaults to it there, through
-    `herald-spark-python` when installed beside it (see `spark_python_worker`).
+    `herald-spark-python` when installed beside it (see `spark_python_worker`). Raises `ClassicSessionRequired`
+    when the session would be a Spark Connect one (`refuse_spark_connect_request`); the caller checks the session
+    it gets with `require_classic_session`.
     """
     from pyspark.sql import SparkSession
 
+    refuse_spark_connect_request(conf or {})
     active = SparkSession.getActiveSession()
     if active is not None:
         warn_about_speculation(active)
@@ -77,6 +80,58 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+CLASSIC_SESSION_NEEDED = (
+    "Herald needs a classic Spark session with its JVM: a dedicated (single-user) access cluster on Databricks; "
+    "Spark Connect sessions (standard access mode, serverless) are not supported")
+
+
+class ClassicSessionRequired(RuntimeError):
+    """The session is (or would be) a Spark Connect one. Herald's delivery needs the driver's JVM (py4j): Spark's
+    Kafka source and delta-spark are looked up there, and its query's checkpoint and control plane use it. `herald
+    run` exits 2 on it, as on an invalid configuration: where the job runs must change, a retry cannot help."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{CLASSIC_SESSION_NEEDED} ({reason})")
+
+
+def is_spark_connect(spark) -> bool:
+    """True for a Spark Connect session (its class lives in `pyspark.sql.connect`, and it has no JVM here)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic_session(spark) -> None:
+    """Raise `ClassicSessionRequired` when `spark` is a Spark Connect session."""
+    if is_spark_connect(spark):
+        raise ClassicSessionRequired(f"this session is a {type(spark).__module__}.{type(spark).__name__}")
+
+
+def spark_connect_request(conf: Mapping[str, str]) -> str | None:
+    """What would make pyspark's builder make a Spark Connect session instead of a classic one, or None: its
+    environment variables (`SPARK_REMOTE`, `SPARK_CONNECT_MODE_ENABLED`, `SPARK_API_MODE=connect`), or
+    `spark.remote` or `spark.api.mode: connect` in herald.yaml's `spark.conf` (`conf`). Asked before a session
+    is built, so that no Spark Connect client is started (or fails to import) first."""
+    for variable in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
+        if variable in os.environ:
+            return f"{variable} is set"
+    if "spark.remote" in conf:
+        return "spark.conf in herald.yaml names spark.remote"
+    if str(conf.get("spark.api.mode", os.environ.get("SPARK_API_MODE", ""))).lower() == "connect":
+        return "spark.api.mode is connect"
+    return None
+
+
+def refuse_spark_connect_request(conf: Mapping[str, str]) -> None:
+    """Raise `ClassicSessionRequired` when a session built now would be a Spark Connect one (unless this process
+    runs a classic SparkContext already: its JVM is there, and the active session is checked on its own)."""
+    from pyspark import SparkContext
+
+    if getattr(SparkContext, "_active_spark_context", None) is not None:
+        return
+    reason = spark_connect_request(conf)
+    if reason is not None:
+        raise ClassicSessionRequired(reason)
 
 
 SPECULATION = "spark.speculation"

@@ -49,8 +49,13 @@ def cmd_run(args) -> int:
     for subscription_id in args.subscription or []:
         subscription_of(config, subscription_id)
     from herald.engine.runner import Runner
+    from herald.session import ClassicSessionRequired
 
-    return Runner(config, only=args.subscription, metrics_port=args.metrics_port).run(once=args.once)
+    try:
+        return Runner(config, only=args.subscription, metrics_port=args.metrics_port).run(once=args.once)
+    except ClassicSessionRequired as refused:  # where it runs must change: 2, as for an invalid configuration
+        print(f"not started: {refused}", file=sys.stderr)
+        return 2
 
 
 def cmd_state(args) -> int:

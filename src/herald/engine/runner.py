@@ -34,7 +34,7 @@ from herald.engine.state import StateBook, SubscriptionState
 from herald.engine.supervision import QuerySupervisor
 from herald.engine.topic import TopicPipeline
 from herald.engine.topics import Topics, by_topic
-from herald.session import get_or_create_session
+from herald.session import get_or_create_session, require_classic_session
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import choose_connector
 from herald.storage import TableWriter, open_store
@@ -72,6 +72,7 @@ class Runner:
         settings = self.config.settings
         if self.spark is None:
             self.spark = get_or_create_session(settings.spark.master, settings.spark.conf, app_name="herald")
+        require_classic_session(self.spark)  # raises ClassicSessionRequired on Spark Connect: no JVM here
         connector = choose_connector(self.spark, settings.kafka.connector)
         store = open_store(settings.storage.engine, self.config.storage_path, self.spark, settings.storage.options,
                            settings.storage.maintenanceRetentionHours)
