@@ -94,12 +94,3 @@ def test_spark_submit_with_the_readmes_jars_delivers_with_sparks_kafka_source_an
     assert all(commit.get("engineInfo", "").startswith("Apache-Spark/") and "Delta-Lake/" in commit["engineInfo"]
                for commit in commits), [commit.get("engineInfo") or commit.get("clientVersion") for commit in commits]
 
-
-def test_the_databricks_job_definition_runs_the_entry_point_with_the_wheel():
-    job = json.loads((REPO / "jobs" / "databricks-job.json").read_text())
-    (task,) = job["tasks"]
-    assert task["spark_python_task"]["python_file"] == "jobs/deliver.py"
-    assert task["spark_python_task"]["source"] == "GIT"
-    assert task["spark_python_task"]["parameters"][:2] == ["--conf", "conf"]
-    assert any(library.get("whl", "").endswith(".whl") for library in task["libraries"])
-    assert job["git_source"]["git_url"].startswith("https://")

@@ -17,6 +17,9 @@ answer for every valid subscription.
 A handler takes the parsed arguments and returns the exit code; it stays thin, calling the one function that
 does the work. A new command goes in the module of its group (a new group, e.g. priority groups and endpoint
 discovery, gets a module of its own and a function in parser.py that declares its commands).
+
+`main` returns the exit code (pip's `herald` script passes it to `sys.exit`); `databricks_main` raises it, for
+Databricks' python_wheel_task, which calls the entry point's function itself and ignores what it returns.
 """
 
 from __future__ import annotations
@@ -31,3 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(join_relative_dates(sys.argv[1:] if argv is None else argv))
     logs.configure(args.verbose)
     return args.handler(args)
+
+
+def databricks_main(argv: list[str] | None = None) -> None:
+    """`herald-databricks`: the `herald` command for hosts that call an entry point's function themselves and
+    judge the run by what it raises, not by what it returns (Databricks' `python_wheel_task`, the bundle's task).
+    A non-zero exit code is raised as `SystemExit(code)`, so that the run fails; 0 returns normally. The first
+    line on stderr names the Herald version and where it was loaded from, as `jobs/deliver.py` does."""
+    import herald
+
+    print(f"herald {herald.__version__} from {herald.__file__}", file=sys.stderr, flush=True)
+    code = main(argv)
+    if code:
+        raise SystemExit(code)
