@@ -56,6 +56,8 @@ def get_or_create_session(master: str | None = None, conf: Mapping[str, str] | N
 
     refuse_spark_connect_request(conf or {})
     active = SparkSession.getActiveSession()
+    if active is None and os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        active = SparkSession.builder.getOrCreate()  # the runtime's own session, never a local one of Herald's
     if active is not None:
         warn_about_speculation(active)
         return active
