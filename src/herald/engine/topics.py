@@ -345,7 +345,7 @@ class Topics:
         try:  # what needs Kafka first: when it fails, nothing has changed and the watcher tries again
             kafka_topics = sorted({self.pipelines[name].kafka_topic for name, joiners in joining.items() if joiners})
             marks = partition_watermarks(self.context.client_config, kafka_topics) if kafka_topics else {}
-            ids = topic_ids(self.context.client_config, kafka_topics)
+            kafka_ids = topic_ids(self.context.client_config, kafka_topics)
             joiners = {s.id: self._state(s, self.pipelines[name].kafka_topic, marks[self.pipelines[name].kafka_topic])
                        for name, subscriptions in joining.items() for s in subscriptions}
         except Exception:
@@ -382,7 +382,8 @@ class Topics:
                         log.info("%s: configuration changed", subscription.id)
                 else:
                     self.book.joined(joiners[subscription.id])
-                    pipeline.add(joiners[subscription.id], marks[pipeline.kafka_topic], ids.get(pipeline.kafka_topic))
+                    pipeline.add(joiners[subscription.id], marks[pipeline.kafka_topic],
+                                 kafka_ids.get(pipeline.kafka_topic))
                     log.info("%s: now delivered", subscription.id)
 
     def _delivered(self, subscription_id: str) -> bool:
