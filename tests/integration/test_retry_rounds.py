@@ -240,17 +240,19 @@ def test_parked_messages_not_due_cost_no_round_and_no_row(tmp_path):
 
 
 def test_parked_messages_of_a_topics_old_log_end_discarded_before_a_new_message_takes_their_offset(tmp_path):
-    """The topic was created again (herald.engine.resets): offsets from 2 on belong to new messages. The old
-    parked messages there end DISCARDED, bodies kept, before a new message parked at offset 3 takes its place;
-    those below stay parked."""
+    """The topic was created again (herald.engine.resets): offsets from 2 on belong to new messages. The reset
+    takes the old parked messages there out and gets their DISCARDED outcome (bodies kept) and a stamp; a new
+    message parked at offset 3 afterwards is newer, so after a restart it is the one parked there; 0 and 1 stay."""
     from herald.engine import round_steps as steps
-    from herald.engine.rounds import RoundResult, SubscriptionOutcome
+    from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome
     from herald.storage.tables import UNDELIVERED
 
     with ScriptedSubscriber() as sub:
         driver, subscription = _driver(tmp_path, sub.url)
         _park(driver, subscription, 5)
-        driver.end_old_log("retry.topic", {0: 2}, "the topic was created again")
+        ended, stamp = driver.end_old_log("retry.topic", {0: 2}, "the topic was created again", subscription)
+        assert sorted(d.offset for d in ended.discarded) == [2, 3, 4] and driver.parked_count(subscription.id) == 2
+        steps.record(driver.context, RoundResult(RETRY, "reset:test", 1, "retry.topic", "test", [ended]), 0.0, stamp)
         now = now_ms()
         new_round = SubscriptionOutcome(subscription, parked=[Parked(  # a round of the new log parks offset 3
             Record(partition=0, offset=3, timestamp_ms=now, message_id="new3", body=b'{"n": 103}'),

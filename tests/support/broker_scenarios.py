@@ -162,7 +162,13 @@ def deleted_topic_is_retried_alone(broker, spark, tmp_path, connector: str) -> N
             produce(broker.bootstrap_servers, other, [{"i": i} for i in range(1, 6)])
             assert wait_until(lambda: received(sub, "/other") == list(range(6)), 60), "the other topic goes on"
             broker.create_topics({doomed: 1})
-            assert wait_until(lambda: supervisor.failing(doomed) is None, 90), "the topic created again is read again"
+
+            def read_again() -> bool:  # joined a read (`failing` is None also while a restart is being tried)
+                pipeline = running.runner.pipelines.get(doomed)
+                read = running.runner.topics.read
+                return pipeline is not None and read is not None and read.pipelines.get(doomed) is pipeline \
+                    and pipeline.frontier is not None
+            assert wait_until(read_again, 90), "the topic created again is read again"
             # the new topic's offsets start at 0 again, below the subscription's position (1): it goes on from 0
             produce(broker.bootstrap_servers, doomed, [{"i": i} for i in range(10, 16)])
             assert wait_until(lambda: received(sub, "/doomed") == [0, 10, 11, 12, 13, 14, 15], 90), \

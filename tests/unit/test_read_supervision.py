@@ -239,3 +239,23 @@ def test_a_regroup_waiting_for_a_stuck_micro_batch_lets_the_shutdown_take_the_lo
     finally:
         topics.lock.release()
     regrouping.join(5)
+
+
+def test_a_topic_whose_id_changed_while_running_is_checked_once_per_poll(world, monkeypatch):
+    """Deleted and created again between two micro-batches, its new log past where the read was: only Kafka's topic
+    id says so. `check_topic_ids` asks every configPollMs (without the topics' lock) and hands the new log to the
+    pipeline whose id changed, the others untouched."""
+    topics, clock, _ = world("a", "b")
+    topics.context.config.settings.streaming.config_poll_s = 2.0
+    checked = []
+    for name, pipeline in topics.pipelines.items():
+        pipeline.topic_id = f"id-{name}"
+        pipeline.check_log = lambda marks, topic_id, name=name: checked.append((name, marks, topic_id))
+    ids = {"a": "id-a", "b": "id-b-new"}
+    asked = []
+    monkeypatch.setattr(topics_module, "topic_ids", lambda config, names: asked.append(sorted(names)) or
+                        {name: ids[name] for name in names})
+    topics.check_topic_ids()
+    assert checked == [("b", {0: (0, 10)}, "id-b-new")]
+    topics.check_topic_ids()
+    assert len(asked) == 1, "once per configPollMs"

@@ -141,6 +141,7 @@ class CatchUp:
             if chosen is None:
                 return False
             group, ranges, frontier = chosen
+            topic_id = pipeline.topic_id  # its positions are in this log (a reset found meanwhile waits for it)
             before = {state.id: dict(state.positions) for state in group}
             participants = steps.participants(context, enumerate(group), pipeline.retries.parked_count)
             if not participants:
@@ -168,7 +169,7 @@ class CatchUp:
             steps.release_pins(context, participants, results)
         batch_id = self.next_round_id()
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
-                                          pipeline.kafka_topic, context.cluster, results, pipeline.topic_id),
+                                          pipeline.kafka_topic, context.cluster, results, topic_id),
                      time.monotonic() - started, stamp, park=pipeline.retries.park)
         pipeline.flush_moves()
         log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,

@@ -248,7 +248,7 @@ class Priority:
         with self.lock:
             self._switching.discard(group.subscription_id)
             taken = self._groups.get(group.subscription_id) is group and group.due() \
-                and pinned.endpoint in group.endpoints
+                and pinned.endpoint in group.endpoints and not self._frozen  # a lease lost meanwhile: not ours
             if taken:
                 group.take(pinned)
         if not taken:

@@ -121,10 +121,16 @@ class SharedRead:
         marks = partition_watermarks(context.client_config, self.kafka_topics)  # raises for a topic Kafka lacks
         ids = topic_ids(context.client_config, self.kafka_topics)
         committed = self._committed() if resuming else {}
+        stale = []
         for topic, pipeline in self.pipelines.items():  # a topic created again, or cut (engine/resets.py)
             kept = pipeline.check_log(marks[topic], ids.get(topic), committed.get(topic))
-            if kept is not None:
-                committed[topic] = kept
+            if kept is not None and kept != committed.get(topic):
+                stale.append(topic)
+        if stale:  # where it left off is past the end of a log that is gone: a new read starts at the positions
+            log.warning("the read's checkpoint is past the end of %s (its log went back): a new one starts",
+                        ", ".join(stale))
+            checkpoints.remove(context.spark, self.checkpoint, must=True)
+            resuming, committed, self.replayable_through = False, {}, -1
         starting = {topic: pipeline.starting_offsets(marks[topic]) for topic, pipeline in self.pipelines.items()}
         if not resuming:
             self._first_start = starting

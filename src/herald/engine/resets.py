@@ -117,14 +117,25 @@ class SubscriptionReset:
     dropped: set[tuple[int, int]]
 
 
-def reset_subscription(reset: TopicReset, positions: Mapping[int, int],
-                       carried: Iterable[tuple[int, int]]) -> SubscriptionReset:
-    """The reset of a subscription at `positions` carrying states at `carried` ((partition, offset) keys)."""
+@dataclass(frozen=True)
+class PendingReset:
+    """A reset found while a round delivered the subscription: applied when that round is over, its lost ranges
+    counted from `positions`, where the subscription was when the reset was found (the round may have moved it
+    on through offsets of the new log as if they were the old one's)."""
+
+    reset: TopicReset
+    positions: dict[int, int]
+
+
+def reset_subscription(reset: TopicReset, positions: Mapping[int, int], carried: Iterable[tuple[int, int]],
+                       lost_from: Mapping[int, int] | None = None) -> SubscriptionReset:
+    """The reset of a subscription at `positions` carrying states at `carried` ((partition, offset) keys); what
+    it lost of the old log counts from `lost_from` (default: `positions`)."""
     after, lost = {}, []
     for partition, part in reset.partitions.items():
         position = positions.get(partition, part.low)
         after[partition] = part.position_after(position)
-        gone = part.lost(position)
+        gone = part.lost((lost_from or positions).get(partition, position))
         if gone is not None:
             lost.append((partition, *gone))
     dropped = {key for key in carried if key[0] in reset.partitions and key[1] >= reset.partitions[key[0]].first_gone}

@@ -48,24 +48,6 @@ ROUND_MESSAGES = 10_000  # most messages of one subscription in one round (the r
 PARALLEL_ROUNDS = 4  # retry rounds at a time, each of one subscription's messages
 
 
-@dataclass(frozen=True)
-class OldLog:
-    """An `RetryDriver.end_old_log` request: the parked messages of `kafka_topic` at offsets `firsts[partition]`
-    and above (of `subscriptions`; None: all) end DISCARDED with `reason`, their rows stamped `stamp_ms`."""
-
-    kafka_topic: str
-    firsts: dict[int, int]
-    reason: str
-    subscriptions: frozenset[str] | None
-    stamp_ms: int
-
-    def covers(self, subscription_id: str, message: ParkedMessage) -> bool:
-        partition, offset = message.record.partition, message.record.offset
-        return (message.kafka_topic == self.kafka_topic and partition in self.firsts
-                and offset >= self.firsts[partition]
-                and (self.subscriptions is None or subscription_id in self.subscriptions))
-
-
 class RetryDriver:
     """once: a `--once` run: each message is re-driven in at most one round of the run (due at the start, or
     parked by the run and due before it ends); parked again, it waits for the next run, so the run can end."""
@@ -86,7 +68,6 @@ class RetryDriver:
         self._closed = False  # stopped: its registry is gone
         self._summary: tuple[int, int | None] | None = None
         self._pool = ThreadPoolExecutor(PARALLEL_ROUNDS, thread_name_prefix="herald-retry-round")
-        self._old_logs: list[OldLog] = []  # `end_old_log` requests not carried out yet
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
         # subscription id -> its retry rounds' open flow window, and when (monotonic s) it was that old
         self._windows: dict[str, tuple[FlowWindow, float]] = {}
@@ -104,7 +85,7 @@ class RetryDriver:
                                          "recorded_at DESC, batch_id DESC")
         loaded = 0
         for batch in rows.to_batches(max_chunksize=10_000):  # to disk in batches: never every body in Python
-            by_subscription: dict[str, list[tuple[Record, RetryState]]] = {}
+            by_subscription: dict[tuple[str, str], list[tuple[Record, RetryState]]] = {}
             for row in batch.to_pylist():
                 if row["state"] != PARKED or row["subscription"] not in topics:
                     continue
@@ -112,10 +93,12 @@ class RetryDriver:
                                 timestamp_ms=epoch_ms(row["published_at"]) or 0, message_id=row["message_id"],
                                 body=row["body"], avro=row["avro"], schema_id=row["schema_id"],
                                 schema_version=row["schema_version"], key=row.get("key"), raw=row.get("raw_value"))
-                by_subscription.setdefault(row["subscription"], []).append((record, state_of_row(row)))
+                # the Kafka topic it was read from (rows older than the column: the subscription's now)
+                topic = row.get("kafka_topic") or topics[row["subscription"]]
+                by_subscription.setdefault((row["subscription"], topic), []).append((record, state_of_row(row)))
             with self._lock:
-                for subscription_id, items in by_subscription.items():
-                    self._registry.put(subscription_id, topics[subscription_id], items)
+                for (subscription_id, topic), items in by_subscription.items():
+                    self._registry.put(subscription_id, topic, items)
                     loaded += len(items)
         if loaded:
             log.info("%d parked message(s) to retry", loaded)
@@ -127,7 +110,6 @@ class RetryDriver:
         self._wake.set()
 
     def park(self, subscription: Subscription, kafka_topic: str, parked: list[Parked]) -> None:
-        self._end_old_logs()  # before a new log's message can take an old one's place
         with self._lock:
             if self._closed:  # a round that outlived the job's stop: its PARKED rows are for the next run
                 return
@@ -135,61 +117,32 @@ class RetryDriver:
         self._wake.set()
 
     def end_old_log(self, kafka_topic: str, firsts: dict[int, int], reason: str,
-                    subscriptions: frozenset[str] | None = None) -> None:
+                    subscription: Subscription) -> tuple[SubscriptionOutcome | None, int]:
         """Kafka's log of `kafka_topic` went back (`herald.engine.resets`): its offsets from `firsts[partition]` on
-        belong to new messages now. The messages parked there (of `subscriptions`, None: all) end DISCARDED with
-        `reason`, their bodies kept in the undelivered table. Their rows are stamped now, older than any row of a
-        new message the job parks there later, and they are taken out before such a message is parked (`park`):
-        so a parked message of the new log never takes an old one's place unrecorded. From now on they are not
-        re-driven; a round re-driving them already records what it did, except parking them again."""
+        belong to new messages now. Takes the subscription's messages parked there out, now, and returns their
+        DISCARDED outcome (`reason`, their bodies kept for the undelivered table; None when there were none) and
+        the stamp (epoch ms) for its rows, taken under the same lock as the removal and as a retry round's stamp:
+        a round that re-drove one of them before records its rows older; one that still holds one records
+        nothing about it (`_resolve`). The caller (the reset, under its topic's lock) writes the rows."""
         with self._lock:
-            self._old_logs.append(OldLog(kafka_topic, dict(firsts), reason, subscriptions, stamp_ms()))
-        self._wake.set()
-
-    def _old_log_of(self, subscription_id: str, message: ParkedMessage) -> OldLog | None:
-        """(lock held) The `end_old_log` request that covers a parked message, if any."""
-        for old in self._old_logs:
-            if old.covers(subscription_id, message):
-                return old
-        return None
-
-    def _end_old_logs(self) -> None:
-        """Carry out the `end_old_log` requests, once no round re-drives their messages: take the messages out,
-        then record their discards."""
-        with self._lock:
-            while self._old_logs and self._running:  # the rounds record what they did to them first
-                self._round_over.wait()
-            if not self._old_logs:
-                return
-            requests, self._old_logs = self._old_logs, []
-            configured = {subscription.id: subscription for subscription in self.context.config.subscriptions}
-            ended: list[tuple[OldLog, Subscription, list[ParkedMessage]]] = []
-            for old in requests:
-                # a subscription removed meanwhile is delivered nothing more here
-                owners = [sid for sid in self._registry.subscriptions() if sid in configured
-                          and (old.subscriptions is None or sid in old.subscriptions)]
-                for subscription_id, gone in self._registry.take_where(old.kafka_topic, old.firsts, owners).items():
-                    ended.append((old, configured[subscription_id], gone))
-        for old, subscription, messages in ended:
-            self._record_ended(old, subscription, messages)
-
-    def _record_ended(self, old: OldLog, subscription: Subscription, messages: list[ParkedMessage]) -> None:
-        """DISCARDED rows (undelivered and retries), stamped when the request was made, for the parked messages
-        an `end_old_log` request ended."""
-        outcome = SubscriptionOutcome(subscription)
-        for message in messages:
+            stamp = stamp_ms()
+            if self._closed:
+                return None, stamp
+            gone = self._registry.take_where(kafka_topic, firsts, [subscription.id]).get(subscription.id, [])
+        if not gone:
+            return None, stamp
+        outcome = SubscriptionOutcome(subscription, kafka_topic=kafka_topic)
+        for message in gone:
             record, state = message.record, message.state
             outcome.discarded.append(Discarded(
-                record.partition, record.offset, record.message_id or "", old.reason, EndedBy.RESET,
-                state.last_status, state.attempts, record.body, record.timestamp_ms, old.stamp_ms, raw_value=record.raw,
+                record.partition, record.offset, record.message_id or "", reason, EndedBy.RESET,
+                state.last_status, state.attempts, record.body, record.timestamp_ms, stamp, raw_value=record.raw,
                 schema_id=record.schema_id, schema_version=record.schema_version, key=record.key))
             outcome.resolved[(record.partition, record.offset)] = (record, DISCARDED)
-        outcome.counters.discarded = len(messages)
-        context = self.context
-        log.warning("%s: %d parked message(s) of %s end DISCARDED: %s", subscription.id, len(messages),
-                    old.kafka_topic, old.reason)
-        steps.record(context, RoundResult(RETRY, f"reset-retries:{context.run_id}", next(self._rounds),
-                                          old.kafka_topic, context.cluster, [outcome]), 0.0, old.stamp_ms)
+        outcome.counters.discarded = len(gone)
+        log.warning("%s: %d parked message(s) of %s end DISCARDED: %s", subscription.id, len(gone), kafka_topic,
+                    reason)
+        return outcome, stamp
 
     def parked_count(self, subscription_id: str) -> int:
         with self._lock:
@@ -240,10 +193,8 @@ class RetryDriver:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._end_old_logs()
-            with self._lock:  # what is due and the rounds taking it, at once (`_end_old_logs` waits for them)
-                due = {sid: messages for sid, messages in self._due().items() if sid not in self._running}
-                due = dict(list(due.items())[:PARALLEL_ROUNDS - len(self._running)])
+            with self._lock:  # what is due and the rounds taking it, at once
+                due = self._due(PARALLEL_ROUNDS - len(self._running))
                 self._running.update(due)
             if not due:
                 self._wake.wait(self._sleep_s())
@@ -283,21 +234,23 @@ class RetryDriver:
     def due_now(self) -> dict[str, list[ParkedMessage]]:
         """ACTIVE subscription id -> its parked messages due now (and allowed by its rate), for a round."""
         with self._lock:
-            return self._due()
+            return self._due(len(self._active))
 
-    def _due(self) -> dict[str, list[ParkedMessage]]:
-        """(lock held) `due_now`: at most `ROUND_MESSAGES` of each subscription, not those of an `end_old_log`
-        request still to be carried out."""
+    def _due(self, rounds: int) -> dict[str, list[ParkedMessage]]:
+        """(lock held) The due messages (at most `ROUND_MESSAGES` each) of at most `rounds` subscriptions not in a
+        round now, those whose messages have waited longest first: chosen by their earliest due time, and only
+        their messages read."""
         horizon = now_ms() + _EARLY_MS
-        due = {}
+        earliest = []
         for sid in self._registry.subscriptions():
-            if sid not in self._active or self._next_permit.get(sid, 0) > horizon or self.context.holds(sid):
-                continue  # held: its pin changes hands, or it has no endpoint (§5c)
-            messages = [m for m in self._registry.due(sid, horizon, ROUND_MESSAGES, untried_only=self.once)
-                        if self._old_log_of(sid, m) is None]
-            if messages:
-                due[sid] = messages
-        return due
+            if sid not in self._active or sid in self._running or self._next_permit.get(sid, 0) > horizon \
+                    or self.context.holds(sid):  # held: its pin changes hands, or it has no endpoint (§5c)
+                continue
+            next_due = self._registry.next_due(sid, untried_only=self.once)
+            if next_due is not None and next_due <= horizon:
+                earliest.append((next_due, sid))
+        return {sid: self._registry.due(sid, horizon, ROUND_MESSAGES, untried_only=self.once)
+                for _, sid in sorted(earliest)[:max(0, rounds)]}
 
     def _postpone(self, due: dict[str, list[ParkedMessage]], delay_ms: int) -> None:
         later = now_ms() + delay_ms
@@ -325,36 +278,39 @@ class RetryDriver:
 
     def _resolve(self, subscription_id: str, due: list[ParkedMessage], lane, outcome: SubscriptionOutcome,
                  targets: tuple = (), pin_lost: bool = False) -> None:
-        """Record what the round did to each of a subscription's `due` messages, and only that: delivered or
-        discarded (it leaves the registry with a terminal row), attempted and still retrying (parked again
-        with its new state, its BROADCAST endpoints named from the round's `targets`), or never attempted (a
-        stop came first: it stays parked as it was, no row). `pin_lost`: the round's pinned endpoint lost its
-        pin meanwhile: a `--once` run re-drives its messages again, at the next pin."""
+        """(lock held) Record what the round did to each of a subscription's `due` messages, and only that:
+        delivered or discarded (it leaves the registry with a terminal row), attempted and still retrying (parked
+        again with its new state, its BROADCAST endpoints named from the round's `targets`), or never attempted
+        (a stop came first: it stays parked as it was, no row). A message the registry no longer holds as the
+        round took it (a topic reset ended it, a round of the topic parked it again) gets no row from this round,
+        nor an undelivered one. `pin_lost`: the round's pinned endpoint lost its pin meanwhile: a `--once` run
+        re-drives its messages again, at the next pin."""
         delivered = set(lane.delivered)
         ended = {(item.partition, item.offset) for item in lane.discarded}
         again = {(item.record.partition, item.record.offset): replace(item, state=named(item.state, targets))
                  for item in lane.parked}
-        with self._lock:
-            registry = self._registry
-            for message in due:
-                key = (message.record.partition, message.record.offset)
-                if not registry.same(subscription_id, message):  # taken out meanwhile: its rows are another's
-                    continue
-                item = again.get(key)
-                if item is not None and self._old_log_of(subscription_id, message) is not None:
-                    continue  # its offset belongs to a new log's message now: `_end_old_logs` ends it
-                if item is not None:  # some endpoint still to reach, or still retrying
-                    if (item.state.attempts != message.state.attempts
-                            or _progress(item.state) != _progress(message.state)):
-                        outcome.parked.append(item)
-                        registry.update(subscription_id, message, item.state, tried=self.once and not pin_lost)
-                    continue
-                if key in ended:
-                    outcome.resolved[key] = (message.record, DISCARDED)
-                    registry.remove(subscription_id, message)
-                elif key in delivered:
-                    outcome.resolved[key] = (message.record, DELIVERED)
-                    registry.remove(subscription_id, message)
+        registry = self._registry
+        gone = set()
+        for message in due:
+            key = (message.record.partition, message.record.offset)
+            if not registry.same(subscription_id, message):  # taken out meanwhile: its rows are another's
+                gone.add(key)
+                continue
+            item = again.get(key)
+            if item is not None:  # some endpoint still to reach, or still retrying
+                if (item.state.attempts != message.state.attempts
+                        or _progress(item.state) != _progress(message.state)):
+                    outcome.parked.append(item)
+                    registry.update(subscription_id, message, item.state, tried=self.once and not pin_lost)
+                continue
+            if key in ended:
+                outcome.resolved[key] = (message.record, DISCARDED)
+                registry.remove(subscription_id, message)
+            elif key in delivered:
+                outcome.resolved[key] = (message.record, DELIVERED)
+                registry.remove(subscription_id, message)
+        if gone:
+            outcome.discarded = [item for item in outcome.discarded if (item.partition, item.offset) not in gone]
         outcome.counters.parked = len(outcome.parked)
 
     def run_round(self, due: dict[str, list[ParkedMessage]]) -> RoundResult:
@@ -416,19 +372,29 @@ class RetryDriver:
             self._hand_back_flow(subscription.id, lane.flow_state)
             self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
             self._windows[subscription.id] = (lane.flow_state.window, time.monotonic())
-            outcome = SubscriptionOutcome(subscription, counters=lane.counters, flow_state=lane.flow_state,
-                                          discarded=lane.discarded, traced=lane.traced, pending=lanes[index].pending)
-            pin = pins[subscription.id]
-            pin_lost = isinstance(pin, Pin) and current_pins.get(subscription.id) != pin.pin_id
-            self._resolve(subscription.id, due[subscription.id], lane, outcome, lanes[index].targets, pin_lost)
-            result.outcomes.append(outcome)
-        steps.record(context, result, time.monotonic() - started, stamp_ms())  # parked: `_resolve` kept them
+            result.outcomes.append(SubscriptionOutcome(
+                subscription, counters=lane.counters, flow_state=lane.flow_state, discarded=lane.discarded,
+                traced=lane.traced, pending=lanes[index].pending, kafka_topic=_topic_of(due[subscription.id])))
+        with self._lock:  # the outcomes and their rows' stamp at once: a reset's end of a message (`end_old_log`,
+            stamp = stamp_ms()  # stamped under this lock) is either older than these rows or not in them
+            for index, (subscription, outcome) in enumerate(zip(subscriptions, result.outcomes)):
+                pin = pins[subscription.id]
+                pin_lost = isinstance(pin, Pin) and current_pins.get(subscription.id) != pin.pin_id
+                self._resolve(subscription.id, due[subscription.id], report.lanes[index], outcome,
+                              lanes[index].targets, pin_lost)
+        steps.record(context, result, time.monotonic() - started, stamp)  # parked: `_resolve` kept them
         ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
         log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again, %d not attempted "
                  "(still parked)", batch_id, len(rows), sum(o.counters.delivered for o in result.outcomes),
                  sum(o.counters.discarded for o in result.outcomes), sum(len(o.parked) for o in result.outcomes),
                  len(rows) - ended)
         return result
+
+
+def _topic_of(messages: list[ParkedMessage]) -> str | None:
+    """The Kafka topic a subscription's parked messages were read from (its rows name it; None when mixed)."""
+    topics = {message.kafka_topic for message in messages}
+    return topics.pop() if len(topics) == 1 else None
 
 
 def _progress(state: RetryState) -> list[tuple]:

@@ -69,6 +69,7 @@ class SubscriptionOutcome:
     lost: list[tuple[int, int, int]] = field(default_factory=list)
     pin_news: PinNews | None = None
     pending: int = 0  # its pending messages when the round was planned (`LanePlan.pending`)
+    kafka_topic: str | None = None  # the Kafka topic of its messages, when the round's names none (a retry round)
 
 
 @dataclass
@@ -199,8 +200,9 @@ def state_of_row(row: dict) -> RetryState:
 
 
 def _retries(result: RoundResult, now_ms: int) -> pa.Table:
-    rows, topic = [], result.kafka_topic
+    rows = []
     for outcome in result.outcomes:
+        topic = outcome.kafka_topic or result.kafka_topic
         for (record, status) in outcome.resolved.values():
             rows.append(retry_row(outcome.subscription, record, None, status, now_ms, result.writer,
                                   result.batch_id, topic))
@@ -262,13 +264,16 @@ def moved_rows(subscription: Subscription, keys, now_ms: int, writer: str, batch
 
 
 def reset_tables(subscription: Subscription, reset, outcome, stamp: int, cluster: str,
-                 before: dict[int, int]) -> list[tuple[str, pa.Table]]:
+                 before: dict[int, int], ended: SubscriptionOutcome | None = None) -> list[tuple[str, pa.Table]]:
     """What a reset of its topic (`engine.resets.TopicReset`) records for one subscription (`outcome`, a
-    `SubscriptionReset`; `before`: its positions before it), in the order rows are written: per partition reset,
-    a LOST undelivered row for the old log's offsets it never read, else a RESET row; RELEASED rows for the carried
-    states it dropped; its positions in the new log. One slice, `reset:<subscription>` / the reset's `found_ms`
-    (stamped `stamp`, epoch ms, as the job stamps its rounds' rows)."""
+    `SubscriptionReset`; `before`: its positions when the reset was found), in the order rows are written: per
+    partition reset, a LOST undelivered row for the old log's offsets it never read, else a RESET row, and the
+    undelivered rows of its parked messages the reset ended (`ended`, their DISCARDED outcome); the retries rows:
+    RELEASED for the carried states it dropped, DISCARDED for those parked messages; its positions in the new log.
+    One slice, `reset:<subscription>` / the reset's `found_ms` (stamped `stamp`, epoch ms, as the job stamps its
+    rounds' rows)."""
     writer, batch_id = reset_writer(subscription.id), reset.found_ms
+    parked = RoundResult(RETRY, writer, batch_id, reset.kafka_topic, cluster, [ended] if ended is not None else [])
     lost = {partition: (first, end) for partition, first, end in outcome.lost}
     rows = []
     for partition, part in sorted(reset.partitions.items()):
@@ -285,10 +290,12 @@ def reset_tables(subscription: Subscription, reset, outcome, stamp: int, cluster
             "reason": reason, "attempts": 0, "timestamp": at_ms(stamp), "cluster": cluster, "batch_id": batch_id,
             "ended_by": EndedBy.RESET, "writer": writer,
         })
+    released = pa.Table.from_pylist(released_rows(subscription, outcome.dropped, RELEASED, stamp, writer, batch_id,
+                                                  reset.kafka_topic), schema=RETRIES_SCHEMA)
     return [
-        (UNDELIVERED, pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA)),
-        (RETRIES, pa.Table.from_pylist(released_rows(subscription, outcome.dropped, RELEASED, stamp, writer, batch_id,
-                                                     reset.kafka_topic), schema=RETRIES_SCHEMA)),
+        (UNDELIVERED, pa.concat_tables([pa.Table.from_pylist(rows, schema=UNDELIVERED_SCHEMA),
+                                        _undelivered(parked, stamp)])),
+        (RETRIES, pa.concat_tables([released, _retries(parked, stamp)])),
         (OFFSETS, position_rows(subscription.id, reset.kafka_topic, outcome.positions, writer, batch_id, at_ms(stamp),
                                 reset.topic_id)),
     ]
@@ -302,3 +309,11 @@ def _reset_cause(reset, part) -> str:
     if reset.was_id and reset.topic_id and reset.was_id != reset.topic_id:
         return f"was created again (topic id {reset.was_id} -> {reset.topic_id})"
     return "went back (deleted and created again?)" if part.recreated else "had its log cut (unclean leader election?)"
+
+
+def parked_discard_tables(subscription: Subscription, ended: SubscriptionOutcome, stamp: int, cluster: str,
+                          writer: str, batch_id: int) -> list[tuple[str, pa.Table]]:
+    """The undelivered and retries rows of parked messages a topic reset ended after its own rows were made (the
+    round it waited for parked them): DISCARDED, stamped `stamp`."""
+    result = RoundResult(RETRY, writer, batch_id, ended.kafka_topic or "", cluster, [ended])
+    return [(UNDELIVERED, _undelivered(result, stamp)), (RETRIES, _retries(result, stamp))]

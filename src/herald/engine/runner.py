@@ -234,6 +234,10 @@ class Runner:
         try:
             while not self._stop.is_set():
                 self.topics.supervise()
+                try:
+                    self.topics.check_topic_ids()
+                except Exception:  # noqa: BLE001 - a look at the topics' ids; the next one tries again
+                    log.exception("checking the topics' ids failed")
                 if once and self._done():
                     break
                 self._stop.wait(0.2)

@@ -27,12 +27,21 @@ from herald.delivery.plan import TaskPlan
 from herald.delivery.report import SUCCESS
 from herald.engine import moves
 from herald.engine import round_steps as steps
-from herald.engine.resets import TopicReset, find_reset, known_ends, reset_subscription, went_back
+from herald.engine.resets import PendingReset, TopicReset, find_reset, known_ends, reset_subscription, went_back
 from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.fanout import Participant
 from herald.engine.positions import behind
-from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, moved_rows, reset_tables, reset_writer, stub
+from herald.engine.rounds import (
+    STREAM,
+    RoundResult,
+    SubscriptionOutcome,
+    moved_rows,
+    parked_discard_tables,
+    reset_tables,
+    reset_writer,
+    stub,
+)
 from herald.engine.state import SubscriptionState
 from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
@@ -53,6 +62,7 @@ class BatchRound:
     subscriptions: list[Subscription]
     participants: list[Participant]
     plan: TaskPlan | None = None
+    topic_id: str | None = None  # Kafka's id of the topic when it was planned: its positions are in that log
 
 
 class TopicPipeline:
@@ -69,7 +79,7 @@ class TopicPipeline:
         self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
         self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
         self.batch_in_progress = False
-        self._moved: list = []  # (slice, stamp -> its tables): moves and resets, written after the rounds' rows
+        self._moved: list = []  # (slice, stamp -> its tables, urgent, new): moves and resets, after rounds' rows
         self.read = None  # the shared read (herald.engine.read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
         self.catchup = CatchUp(self)  # started by `Topics`
@@ -119,7 +129,7 @@ class TopicPipeline:
         """(lock held) The state moves; its retry states are dropped (the messages are delivered again as new),
         and it catches up when the move put it behind the query. Its rows are written by `flush_moves`. A
         `TopicReset` (`_reset`) is applied the same way."""
-        if isinstance(move, TopicReset):
+        if isinstance(move, PendingReset):
             self._reset(state, move)
             return
         state.positions.update(move.to_offsets)
@@ -128,7 +138,8 @@ class TopicPipeline:
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
         subscription = state.subscription
         self._moved.append((Slice(move.writer, move.move_id), lambda stamp: moves.applied_tables(
-            move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id, move.kafka_topic), stamp)))
+            move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id, move.kafka_topic), stamp),
+            False, False))
         log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
 
     def flush_moves(self) -> None:
@@ -136,8 +147,10 @@ class TopicPipeline:
         and mark the moves applied."""
         with self.lock:
             moved, self._moved = self._moved, []
-        for part, tables in moved:
-            self.context.writer.submit(part, tables(stamp_ms()))
+        for part, tables_at, urgent, new in moved:  # new: a slice of its own (a reset's), appended
+            tables = tables_at(stamp_ms())
+            if tables:
+                self.context.writer.submit(part, tables, urgent=urgent, new=new)
         if moved and self.catchup is not None:
             self.catchup.wake()
 
@@ -147,27 +160,33 @@ class TopicPipeline:
                   states: list[SubscriptionState] | None = None) -> dict[int, int] | None:
         """Kafka's log of the topic now: `marks` (partition -> (low, high)) and its id (None: not given). Every
         subscription (of `states`; None: the topic's) whose log went back (the topic created again, or a
-        partition cut) goes on from the new log, and it is recorded (`_reset`); the read's frontier, and `read_at`
-        (where a checkpoint left the read), are kept within the log. Returns `read_at` so kept."""
+        partition cut) goes on from the new log, and it is recorded (`_reset`; a subscription a round delivers
+        now, once that round is over); the read's frontier, and `read_at` (where a checkpoint left the read),
+        are kept within the log. Returns `read_at` so kept."""
         found_ms = now_ms()
         with self.lock:
             states = list(self.states.values()) if states is None else states
             # what the job knows of the log, for the subscriptions whose id says nothing
-            shared = known_ends(self.frontier, read_at, *[s.positions for s in states if not (s.topic_id and topic_id)],
-                                *[s.topic_end for s in states if not (s.topic_id and topic_id)])
+            unsure = [s for s in states if not ((s.topic_id or self.topic_id) and topic_id)]
+            shared = known_ends(self.frontier, read_at, *[s.positions for s in unsure], *[s.topic_end for s in unsure])
             found = {state.id: self._reset_of(state, marks, topic_id, shared, found_ms) for state in states}
-        self._end_parked([reset for reset in found.values() if reset is not None], found)
-        with self.lock:
+            resets = [reset for reset in found.values() if reset is not None]
+            if resets:
+                log.warning("%s; %d subscription(s) go on from the new offsets; what they had not read of the old "
+                            "ones is recorded LOST", resets[0].describe(), len(resets))
             if self.frontier is not None:
                 self.frontier = {p: min(end, marks[p][1]) if p in marks else end for p, end in self.frontier.items()}
             for state in states:
                 reset = found.get(state.id)
                 if reset is None:
                     state.topic_id = topic_id or state.topic_id
-                elif state.busy:  # its round ends first; its positions then go to the new log
-                    state.pending_moves.append(reset)
+                    continue
+                pending = PendingReset(reset, dict(state.positions))
+                if state.busy:  # its round ends first (`apply`); a newer reset takes the place of one waiting
+                    state.pending_moves = [m for m in state.pending_moves if not isinstance(m, PendingReset)]
+                    state.pending_moves.append(pending)
                 else:
-                    self._reset(state, reset)
+                    self._reset(state, pending)
             self.topic_id = topic_id or self.topic_id
         self.flush_moves()
         return None if read_at is None else {p: min(o, marks[p][1]) if p in marks else o for p, o in read_at.items()}
@@ -180,31 +199,28 @@ class TopicPipeline:
 
     def _reset_of(self, state: SubscriptionState, marks, topic_id: str | None, shared: dict[int, int],
                   found_ms: int) -> TopicReset | None:
-        """(lock held) The reset of one subscription's log, if any: by its topic id when both are known, else by
-        Kafka's end offsets against all the job knows of the log (`shared`)."""
-        if state.topic_id and topic_id:
-            return find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), state.topic_id, marks,
+        """(lock held) The reset of one subscription's log, if any: by topic id when the id its positions are in
+        (or, when its rows named none, the topic's as the job knew it) and the one Kafka gives now are known, else
+        by Kafka's end offsets against all the job knows of the log (`shared`)."""
+        known_id = state.topic_id or self.topic_id
+        if known_id and topic_id:
+            return find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), known_id, marks,
                               topic_id, found_ms)
         return find_reset(self.kafka_topic, known_ends(shared, state.positions, state.topic_end), None, marks, None,
                           found_ms)
 
-    def _end_parked(self, found: list[TopicReset], by_subscription: dict[str, TopicReset | None]) -> None:
-        """The parked messages of the old logs end before anything of the new ones can be parked in their place."""
-        if not found:
-            return
-        first = found[0]
-        log.warning("%s; %d subscription(s) go on from the new offsets, what they had not read of the old ones is "
-                    "recorded LOST", first.describe(), len(found))
-        for reset in {id(reset): reset for reset in found}.values():
-            ids = frozenset(sid for sid, r in by_subscription.items() if r is reset)
-            self.retries.end_old_log(self.kafka_topic, {p: part.first_gone for p, part in reset.partitions.items()},
-                                     f"Kafka topic {self.kafka_topic} went back ({reset.describe()}): the offset of "
-                                     "this parked message now belongs to a message of the new log", ids)
-
-    def _reset(self, state: SubscriptionState, reset: TopicReset) -> None:
-        """(lock held) One subscription goes on from the new log; its rows are written by `flush_moves`."""
-        before = dict(state.positions)
-        outcome = reset_subscription(reset, before, state.carried)
+    def _reset(self, state: SubscriptionState, pending: PendingReset) -> None:
+        """(lock held) One subscription goes on from the new log. What it had not read of the old log is lost
+        from where it was when the reset was found (`pending.positions`). Its parked messages in the old log are
+        taken out of the retry driver now, under this lock, before any round can read the new log for it: their
+        DISCARDED rows and the reset's rows are one slice, stamped then, so a new message parked at one of their
+        offsets later is always newer. The slice is written by `flush_moves`."""
+        reset = pending.reset
+        outcome = reset_subscription(reset, state.positions, state.carried, lost_from=pending.positions)
+        ended, stamp = self.retries.end_old_log(
+            self.kafka_topic, {p: part.first_gone for p, part in reset.partitions.items()},
+            f"Kafka topic {self.kafka_topic}: {reset.describe()}; the offset of this parked message belongs to a "
+            "message of the new log now", state.subscription)
         state.positions.update(outcome.positions)
         state.carried = {key: value for key, value in state.carried.items() if key not in outcome.dropped}
         for partition, part in reset.partitions.items():
@@ -213,12 +229,23 @@ class TopicPipeline:
         state.idle = None
         state.topic_id = reset.topic_id or state.topic_id
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
-        subscription, cluster = state.subscription, self.context.cluster
-        self._moved.append((Slice(reset_writer(state.id), reset.found_ms),
-                            lambda stamp: reset_tables(subscription, reset, outcome, stamp, cluster, before)))
+        tables = reset_tables(state.subscription, reset, outcome, stamp, self.context.cluster, pending.positions,
+                              ended)
+        self._moved.append((Slice(reset_writer(state.id), reset.found_ms), lambda _: tables, True, True))
+        # a round ending now (the one this reset waited for) parks what it read of the old log after this: those
+        # end too, when the moves are written (after the round's rows)
+        subscription, firsts, reason = state.subscription, {p: part.first_gone for p, part in reset.partitions.items()}, \
+            f"Kafka topic {self.kafka_topic}: {reset.describe()}; the offset of this parked message belongs to a " \
+            "message of the new log now"
+
+        def parked_since(_):
+            late, late_stamp = self.retries.end_old_log(self.kafka_topic, firsts, reason, subscription)
+            return [] if late is None else parked_discard_tables(subscription, late, late_stamp, self.context.cluster,
+                                                                 f"reset-parked:{subscription.id}", reset.found_ms)
+        self._moved.append((Slice(f"reset-parked:{subscription.id}", reset.found_ms), parked_since, True, True))
         log.info("%s: %s goes on from %s (was at %s)%s", state.id, self.kafka_topic, outcome.positions,
-                    {p: before.get(p) for p in outcome.positions},
-                    "; lost " + ", ".join(f"{p}: {a}..{b - 1}" for p, a, b in outcome.lost) if outcome.lost else "")
+                 {p: pending.positions.get(p) for p in outcome.positions},
+                 "; lost " + ", ".join(f"{p}: {a}..{b - 1}" for p, a, b in outcome.lost) if outcome.lost else "")
 
     def update(self, subscription: Subscription) -> None:
         """A new version of a subscription's file: its next round uses it."""
@@ -333,7 +360,8 @@ class TopicPipeline:
             subscriptions = self.subscriptions
             participants = self._participants(subscriptions, ranges)  # marked busy: `apply` frees them
             self.batch_in_progress = True
-        batch = BatchRound(batch_id, ranges, writer, started, subscriptions, participants)
+            topic_id = self.topic_id
+        batch = BatchRound(batch_id, ranges, writer, started, subscriptions, participants, topic_id=topic_id)
         if participants and any(start < end for start, end in ranges.values()):
             try:
                 if tasks is None:
@@ -362,7 +390,7 @@ class TopicPipeline:
         finally:
             stamp = self._end_batch(batch, results)
         steps.record(context, RoundResult(STREAM, batch.writer, batch.batch_id, self.kafka_topic, context.cluster,
-                                          results, self.topic_id),
+                                          results, batch.topic_id),
                      time.monotonic() - batch.started, stamp, possible_replay=self._replay_possible,
                      park=self.retries.park)
         self._replay_possible = False

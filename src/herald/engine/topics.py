@@ -54,6 +54,7 @@ class Topics:
         self._delayed: set[str] = set()  # subscriptions whose start failed at least once
         self._read_once = False  # a read was started in this run (a later one over another set starts afresh)
         self.stopping = threading.Event()  # the job stops: a regroup waiting for a micro-batch gives up (no lock)
+        self._next_id_check = 0.0  # monotonic s: `check_topic_ids`
 
     def unstarted(self) -> list[str]:
         """Topics that could not start yet (tried again by `supervise`)."""
@@ -191,6 +192,32 @@ class Topics:
                 self.regroup(again=True)
                 return
             self.regroup()
+
+    def check_topic_ids(self) -> None:
+        """Every `configPollMs`, ask Kafka for the ids of the topics read: one deleted and created again while the
+        job runs, whose new log grew past where the read was before the job looked, shows only there (its end
+        offsets never went back), and goes on from its new start (`TopicPipeline.check_log`). Kafka is asked
+        without the topics' lock; a broker that gives no ids, or cannot answer, changes nothing."""
+        now = time.monotonic()
+        if now < self._next_id_check:
+            return
+        self._next_id_check = now + self.context.config.settings.streaming.config_poll_s
+        with self.lock:
+            pipelines = {pipeline.kafka_topic: pipeline for pipeline in self.pipelines.values()
+                         if pipeline.topic_id is not None}
+        if not pipelines:
+            return
+        found = topic_ids(self.context.client_config, list(pipelines))
+        changed = [topic for topic, topic_id in found.items() if topic_id != pipelines[topic].topic_id]
+        if not changed:
+            return
+        try:
+            marks = partition_watermarks(self.context.client_config, changed, 10.0)
+        except Exception as error:  # noqa: BLE001 - deleted again, or Kafka cannot say: asked again next time
+            log.info("topic ids changed for %s, but their offsets cannot be read now: %s", changed, short_error(error))
+            return
+        for topic in changed:
+            pipelines[topic].check_log(marks[topic], found[topic])
 
     def _read_names(self) -> list[str]:
         """(lock held) The topics the current read reads (by topic name), that are still delivered."""
