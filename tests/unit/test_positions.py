@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import pytest
 
 from herald.delivery.report import LaneReport, TaskReport
@@ -131,20 +133,37 @@ def test_a_partition_added_to_the_topic_is_read_from_its_start_and_never_skipped
 
 
 def test_a_range_read_from_above_its_start_or_with_a_hole_is_lost_only_below_kafkas_low_watermark():
-    from herald.engine.positions import lost_ranges, unread_ranges
+    from herald.engine.positions import holes, lost_ranges, unread_ranges
 
     ranges = {0: (5, 15), 1: (0, 4), 2: (3, 9), 3: (2, 2), 4: (0, 20)}
     reports = [TaskReport("t1", progress={0: 15}, firsts={0: 10}),
                TaskReport("t2", progress={2: 9, 4: 20}, firsts={2: 3, 4: 0}, gaps={2: [(5, 6)], 4: [(3, 12)]})]
-    unread = unread_ranges(ranges, reports)
-    assert unread == [(0, 5, 10), (1, 0, 4), (2, 5, 6), (4, 3, 12)], "partition 1: rows to read and none read"
-    # below the low watermark: deleted (a read that jumped over a deletion, partition 4, too); above it: offsets
-    # Kafka holds no record at (transaction markers, compaction)
-    assert lost_ranges(unread, {0: 8, 1: 4, 2: 0, 4: 12}) == [(0, 5, 8), (1, 0, 4), (4, 3, 12)]
-    assert lost_ranges(unread, {0: 5, 1: 0, 4: 3}) == []
+    unread, read_around = unread_ranges(ranges, reports), holes(ranges, reports)
+    assert unread == [(0, 5, 10), (1, 0, 4)], "partition 1: rows to read and none read"
+    assert read_around == [(2, 5, 6), (4, 3, 12)]
+    # below the low watermark: deleted (a read that jumped over a deletion to Kafka's start, partition 4, too);
+    # above it: offsets Kafka holds no record at (transaction markers, compaction)
+    assert lost_ranges(unread, {0: 8, 1: 4, 2: 0, 4: 12}, read_around) == [(0, 5, 8), (1, 0, 4), (4, 3, 12)]
+    assert lost_ranges(unread, {0: 5, 1: 0, 4: 3}, read_around) == []
     assert lost_ranges([(0, 0, 4), (0, 4, 9)], {0: 9}) == [(0, 0, 9)], "adjacent ranges are one"
     cut_short = [TaskReport("t1", progress={0: 12}, exhausted=False, firsts={0: 5})]
     assert unread_ranges(ranges, cut_short) == [], "a partition no task reached while one was cut is not known"
+
+
+def test_a_transactional_topics_holes_are_not_losses_and_a_retention_jump_after_many_of_them_is():
+    """A transactional topic: a marker after each record leaves a hole at every other offset (100 of them here,
+    more than a task used to report). Retention has since passed them all: they are offsets Kafka held no record
+    at, not losses. A read that fell behind retention after them and jumped to the log's start (the low
+    watermark, 250) lost what it jumped over: reported, recorded."""
+    from herald.delivery.sender import _gaps
+    from herald.engine.positions import holes, lost_ranges, unread_ranges
+
+    read = list(range(0, 200, 2)) + list(range(250, 260))
+    report = TaskReport("t", progress={0: 260}, firsts={0: 0}, gaps={0: _gaps(np.array(read))})
+    assert len(report.gaps[0]) == 100, "every hole, not the first 64"
+    ranges = {0: (0, 260)}
+    lost = lost_ranges(unread_ranges(ranges, [report]), {0: 250}, holes(ranges, [report]))
+    assert lost == [(0, 199, 250)]
 
 
 def test_the_last_logged_batch_is_the_last_one_that_may_replay_and_a_checkpoint_left_behind_is_an_error(

@@ -18,8 +18,9 @@ import pyarrow as pa
 from herald.delivery.flow import FlowMode, FlowState, FlowWindow
 from herald.delivery.message import Record, RetryState
 
-MAX_GAPS = 64
-"""Most gaps between offsets read a task reports per partition."""
+MAX_GAPS = 1_000_000
+"""Most gaps between offsets read a task reports per partition: every one in practice (a transactional topic has
+one per transaction, a range read in a task holds at most streaming.maxOffsetsPerTrigger offsets)."""
 
 REPORT_SCHEMA = pa.schema([
     ("task", pa.string()),  # one id per task run
@@ -235,8 +236,8 @@ class TaskReport:
     firsts: partition -> the first offset the task read of it (a round's range may start below it: records
         Kafka deleted before they were read, or offsets a transaction marker or compaction left empty).
     gaps: partition -> [start, end) ranges of offsets between the first and the last read that the task did
-        not read (the same causes, or a read that jumped when Kafka deleted records under it); at most
-        `MAX_GAPS` per partition.
+        not read (the same causes, or a read that jumped when Kafka deleted records under it), every one
+        (up to `MAX_GAPS` per partition).
     exhausted: the task read all its input (every partition it had was read to the end of the round).
     control_unreachable: the task asked the driver's control endpoint and never got an answer.
     """

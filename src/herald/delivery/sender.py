@@ -347,7 +347,7 @@ class TaskSender:
 
 
 def _gaps(offsets: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) ranges missing between consecutive offsets read (ascending), the first `MAX_GAPS`."""
+    """[start, end) ranges missing between consecutive offsets read (ascending), up to `MAX_GAPS`."""
     jumps = np.nonzero(np.diff(offsets) > 1)[0][:MAX_GAPS]
     return [(int(offsets[i]) + 1, int(offsets[i + 1])) for i in jumps]
 

@@ -83,11 +83,11 @@ Lost = list[tuple[int, int, int]]
 
 
 def unread_ranges(ranges: Mapping[int, tuple[int, int]], tasks: Sequence[TaskReport]) -> Lost:
-    """The offsets of the round's ranges that no task read although it read around them: before the first
-    offset read of a partition, between two offsets read (`TaskReport.gaps`), or the whole range when no task
-    read the partition although every task read all its input. Kafka either deleted these records before they
-    were read (retention), or holds none there (transaction markers, compaction): `lost_ranges` tells which
-    with Kafka's low watermarks, asked after the read."""
+    """The offsets of the round's ranges that no task read although it read after them: before the first offset
+    read of a partition, or the whole range when no task read the partition although every task read all its
+    input. Kafka either deleted these records before they were read (retention deletes a log's oldest segments,
+    so a read finds its start deleted and begins above it), or holds none there (a transaction marker at the
+    start): `lost_ranges` tells which with Kafka's low watermarks, asked after the read."""
     all_read = all(task.exhausted for task in tasks)
     unread: Lost = []
     for partition, (start, end) in sorted(ranges.items()):
@@ -101,21 +101,37 @@ def unread_ranges(ranges: Mapping[int, tuple[int, int]], tasks: Sequence[TaskRep
         first = min(task.firsts[partition] for task in readers)
         if first > start:
             unread.append((partition, start, min(first, end)))
-        for task in readers:
-            unread.extend((partition, gap_start, gap_end) for gap_start, gap_end in task.gaps.get(partition, ())
-                          if gap_start >= start and gap_end <= end)
     return unread
 
 
-def lost_ranges(unread: Lost, low_marks: Mapping[int, int]) -> Lost:
-    """The part of each unread range below its partition's low watermark (records retention deleted before
-    they were read), contiguous ranges of a partition merged."""
-    lost: Lost = []
-    for partition, start, end in sorted(unread):
+def holes(ranges: Mapping[int, tuple[int, int]], tasks: Sequence[TaskReport]) -> Lost:
+    """The offsets of the round's ranges between two offsets a task read (`TaskReport.gaps`, every one): the
+    broker holds no record there by design (transaction markers and aborted records, compaction), except where a
+    read fell behind retention and jumped to the log's new start (`lost_ranges`)."""
+    found: Lost = []
+    for partition, (start, end) in sorted(ranges.items()):
+        for task in tasks:
+            found.extend((partition, gap_start, gap_end) for gap_start, gap_end in task.gaps.get(partition, ())
+                         if gap_start >= start and gap_end <= end)
+    return found
+
+
+def lost_ranges(unread: Lost, low_marks: Mapping[int, int], holes_read_around: Lost = ()) -> Lost:
+    """What Kafka deleted before it was read: the part of each `unread` range below its partition's low watermark,
+    and each hole (`holes`) that ends at the low watermark: a read that fell behind retention jumps to the log's
+    new start, the low watermark, over the records deleted under it. Other holes, below the watermark or not,
+    are offsets the broker held no record at (a transaction topic's markers are below it once retention passes
+    them): not losses. (A read that jumped to Kafka's start and retention moving again before the round ended is
+    not seen; the Kafka source logs it.) Contiguous ranges of a partition are merged."""
+    found: Lost = []
+    for partition, start, end in unread:
         low = low_marks.get(partition)
-        if low is None or low <= start:
-            continue
-        end = min(end, low)
+        if low is not None and low > start:
+            found.append((partition, start, min(end, low)))
+    found.extend((partition, start, end) for partition, start, end in holes_read_around
+                 if low_marks.get(partition) == end)
+    lost: Lost = []
+    for partition, start, end in sorted(found):
         if lost and lost[-1][0] == partition and lost[-1][2] >= start:
             lost[-1] = (partition, lost[-1][1], max(end, lost[-1][2]))
         else:

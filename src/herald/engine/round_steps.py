@@ -27,7 +27,7 @@ from herald.engine.context import EngineContext
 from herald.engine.fanout import Participant, outcomes, run_round
 from herald.engine.pinning import Pin
 from herald.engine.planner import lane_plan
-from herald.engine.positions import Lost, lost_ranges, unread_ranges
+from herald.engine.positions import Lost, holes, lost_ranges, unread_ranges
 from herald.engine.priority import HELD
 from herald.engine.projection import project
 from herald.engine.rounds import RoundResult, SubscriptionOutcome, table_rows, urgent
@@ -173,12 +173,12 @@ def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, k
     """The offsets of a round's `ranges` Kafka deleted before they were read (plus `known`, found before the
     read), each logged at WARN. Kafka is asked only when some part of a range was not read; when it cannot be
     asked this raises: the round is not recorded and its messages are delivered again."""
-    unread = unread_ranges(ranges, reports)
+    unread, read_around = unread_ranges(ranges, reports), holes(ranges, reports)
     lows: dict[int, int] = {}
-    if unread:
+    if unread or read_around:
         marks = partition_watermarks(context.client_config, [kafka_topic])[kafka_topic]
         lows = {p: low for p, (low, _) in marks.items()}
-    lost = lost_ranges([*known, *unread], {**lows, **{p: e for p, _, e in known if p not in lows}})
+    lost = lost_ranges([*known, *unread], {**lows, **{p: e for p, _, e in known if p not in lows}}, read_around)
     for partition, first, end in lost:
         log.warning("%s/%d: offsets %d..%d were deleted by Kafka (retention) before they were read; recorded "
                     "as LOST in the undelivered table of each subscription that had not passed them",
