@@ -118,7 +118,7 @@ def test_the_rate_cap_spaces_attempts_and_holds_across_rounds():
     starts = [s.started for s in transport.sent]
     assert all(b - a >= 0.1 - 1e-9 for a, b in zip(starts, starts[1:]))
     state = lane_report(report).flow_state
-    assert state.next_permit_ms >= clock.wall_ms()
+    assert state.permit_in_ms > 0 and state.next_permit_ms == 0, "a duration crosses to the driver, not an instant"
     # the next round starts at once, but its first permit waits for the one the last round took
     rows = [(record(0, o), (0,)) for o in range(5, 7)]
     _, transport2, _ = run({0: lane(rate_per_s=10.0, flow_state=state)}, [batch(rows)], ok(0.001), clock=clock)
@@ -347,14 +347,15 @@ def test_tasks_sharing_a_rate_wait_for_their_turn_and_a_long_wait_settles_them_i
     rows = [(record(0, o), (0,)) for o in range(3)]
     sent_at = {}
     for task_index, park_after_s in ((0, 0.5), (3, 0.9), (3, 0.5)):
-        report, transport, _ = run({0: lane(rate_per_s=4.0)}, [batch(rows)], ok(), park_after_s=park_after_s,
-                                   settle_throttled=True, tasks=4, task_index=task_index)
+        report, transport, clock = run({0: lane(rate_per_s=4.0)}, [batch(rows)], ok(), park_after_s=park_after_s,
+                                       settle_throttled=True, tasks=4, task_index=task_index)
         sent = sent_at[task_index, park_after_s] = [round(s.started - 1000.0, 3) for s in transport.sent]
         assert lane_report(report).counters.delivered == len(sent)
         assert lane_report(report).stops == {0: len(sent)}, "its rate (1/s a task) settles it after its attempt"
         if sent:
             last_slot_ms = 1_800_000_000_000 + round(sent[-1] * 1000)
-            assert 0 <= lane_report(report).flow_state.next_permit_ms - (last_slot_ms + 250) <= 1  # rounded up
+            next_permit_ms = clock.wall_ms() + lane_report(report).flow_state.permit_in_ms  # from the report's time
+            assert 0 <= next_permit_ms - (last_slot_ms + 250) <= 1  # rounded up
     assert sent_at == {(0, 0.5): [0.0], (3, 0.9): [0.75], (3, 0.5): []}
 
 
@@ -366,3 +367,29 @@ def test_without_settle_throttled_a_probing_lane_keeps_the_round_open_until_the_
                                    deadline_s=10, park_after_s=1.0)
     assert clock.now - 1000.0 >= 10.0 and len(transport.sent) == 1
     assert lane_report(report, 0).stops == {0: 1}
+
+
+def test_the_next_permit_crosses_hosts_as_a_duration_so_a_skewed_clock_never_stalls_a_lane():
+    """Round 1 on an executor whose wall clock runs 1.5 s ahead of the driver's and of round 2's executor (rate
+    2/s: the next permit is 0.5 s after its last attempt). Round 2, in the shared query with parkAfterMs 1 s: its
+    first permit is the carried 0.5 s after the plan, whatever the executors' clocks, and its messages go out
+    (before, the epoch instant from the fast clock read 2 s away on the other host and the lane settled with
+    nothing attempted)."""
+    from herald.engine.state import SubscriptionState
+
+    ahead = FakeClock(wall_start_ms=1_800_000_001_500)
+    report, transport, _ = run({0: lane(rate_per_s=2.0)}, [batch([(record(0, 0), (0,))])], ok(0.001), clock=ahead)
+    reported = lane_report(report).flow_state
+    assert reported.permit_in_ms == 500
+
+    driver = SubscriptionState(subscription=None)
+    driver.take_flow(reported, now_s=0.0, now_ms=1_800_000_000_000)  # the driver's own clock
+    planned = driver.flow_now(now_s=0.1, now_ms=1_800_000_000_100)
+    assert (planned.permit_in_ms, planned.next_permit_ms) == (400, 0)
+
+    behind = FakeClock(wall_start_ms=1_800_000_000_000)
+    rows = [(record(0, o), (0,)) for o in range(1, 3)]
+    report, transport, _ = run({0: lane(rate_per_s=2.0, flow_state=planned)}, [batch(rows)], ok(0.001),
+                               clock=behind, park_after_s=1.0, settle_throttled=True)
+    assert transport.sent and round(transport.sent[0].started - 1000.0, 3) == 0.4
+    assert lane_report(report).counters.delivered >= 1

@@ -89,13 +89,18 @@ class FlowWindow:
 @dataclass(frozen=True)
 class FlowState:
     """What the controller carries between micro-batches for the whole subscription: its mode, its rate, when
-    the hard cap gives the next permit (epoch ms), so the cap also holds across batch boundaries, and its open
-    window."""
+    the hard cap gives the next permit, so the cap also holds across batch boundaries, and its open window.
+
+    The next permit crosses processes as a duration, never as one host's clock reading compared on another's
+    (docs/design.md §9): `permit_in_ms`, milliseconds from a round's plan (driver to tasks) or from a task's
+    report (tasks to driver); the driver keeps it as `next_permit_ms`, an instant of its own wall clock (epoch ms),
+    which only the driver reads (`herald.engine.state.SubscriptionState.take_flow` and `flow_now` convert)."""
 
     mode: FlowMode = FlowMode.NORMAL
     rate_per_s: float | None = None  # None: start at the hard cap
-    next_permit_ms: int = 0
+    next_permit_ms: int = 0  # the driver's: epoch ms on its clock (0: none)
     window: FlowWindow = FlowWindow()
+    permit_in_ms: int = 0  # across processes: milliseconds until the next permit (0: none)
 
     def share(self, tasks: int) -> FlowState:
         """This state as seen by one of `tasks` tasks that split the subscription's rate evenly (each sees the
@@ -117,8 +122,8 @@ class FlowState:
         mode = max((state.mode for state in task_states), key=lambda mode: mode.severity)
         rates = [state.rate_per_s for state in task_states]
         rate = None if any(value is None for value in rates) else sum(rates)  # type: ignore[arg-type]
-        return FlowState(mode, rate, max(state.next_permit_ms for state in task_states),
-                         FlowWindow.merge([state.window for state in task_states], carried.window))
+        return FlowState(mode, rate, 0, FlowWindow.merge([state.window for state in task_states], carried.window),
+                         max(state.permit_in_ms for state in task_states))
 
 
 MAX_TURNS_RATE_PER_S = 100.0
@@ -269,12 +274,13 @@ class FlowController:
         """How many requests may be open at once: one while probing in HEARTBEAT mode."""
         return 1 if self.mode is FlowMode.HEARTBEAT else inflight
 
-    def state(self, now: float, next_permit_ms: int = 0) -> FlowState:
-        """What later rounds go on from, at `now` (its open window `now - start` old)."""
+    def state(self, now: float, permit_in_ms: int = 0) -> FlowState:
+        """What later rounds go on from, at `now` (its open window `now - start` old; the next permit
+        `permit_in_ms` milliseconds after `now`)."""
         window = FlowWindow(self._window_number, max(0, round((now - self._window_start) * 1000)), self._successes,
                             self._failures)
-        return FlowState(self.mode, self.rate_per_s if self.mode is FlowMode.NORMAL else self._floor(), next_permit_ms,
-                         window)
+        return FlowState(self.mode, self.rate_per_s if self.mode is FlowMode.NORMAL else self._floor(), 0, window,
+                         permit_in_ms)
 
     def record(self, slows: bool, started_at: float) -> None:
         """Count one finished attempt that started at `started_at` (ignored if it began before the last slow-down)."""

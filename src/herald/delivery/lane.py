@@ -60,11 +60,11 @@ class Lane:
         self.report = LaneReport(cut=False)
         self.counters = self.report.counters
         self.flow = FlowController(plan.rate_per_s, plan.flow_settings, plan.flow_state, now.s)
-        carried_permit = plan.flow_state.next_permit_ms
+        carried_permit = plan.flow_state.permit_in_ms  # ms from now: only durations cross hosts
         whole_rate = self.flow.rate_per_s * plan.rate_tasks  # the subscription's, as the controller starts it
         turns = Turns.at(1.0 / whole_rate, plan.rate_tasks, plan.rate_turn, now.s, now.ms) \
             if plan.rate_tasks > 1 and whole_rate <= MAX_TURNS_RATE_PER_S * (1 + 1e-9) else None
-        self.cap = RateCap(self.flow.rate_per_s, now.from_ms(carried_permit) if carried_permit else float("-inf"),
+        self.cap = RateCap(self.flow.rate_per_s, now.s + carried_permit / 1000 if carried_permit else float("-inf"),
                            turns)
         self._waiting: list[tuple[float, int, Unit]] = []  # ready units, not open: by due time
         self._fresh = 0  # units not attempted yet: never, or (parked retries) not in this task

@@ -259,7 +259,7 @@ class TaskReport:
         for index, lane in self.lanes.items():
             flow = lane.flow_state
             stats = {"counters": asdict(lane.counters), "stops": {str(p): o for p, o in lane.stops.items()},
-                     "cut": lane.cut, "flow": [flow.mode.value, flow.rate_per_s, flow.next_permit_ms,
+                     "cut": lane.cut, "flow": [flow.mode.value, flow.rate_per_s, flow.permit_in_ms,
                                                list(astuple(flow.window))],
                      "pin": lane.pin_news}
             rows.append({"row_type": "lane", "lane": index, "stats": json.dumps(stats)})
@@ -313,8 +313,8 @@ class TaskReport:
                 lane.counters = LaneCounters(**stats["counters"])
                 lane.stops = {int(p): o for p, o in stats["stops"].items()}
                 lane.cut = stats["cut"]
-                mode, rate, next_permit_ms, window = stats["flow"]
-                lane.flow_state = FlowState(FlowMode(mode), rate, next_permit_ms, FlowWindow(*window))
+                mode, rate, permit_in_ms, window = stats["flow"]
+                lane.flow_state = FlowState(FlowMode(mode), rate, 0, FlowWindow(*window), permit_in_ms)
                 lane.pin_news = tuple(stats["pin"]) if stats.get("pin") is not None else None
             elif kind == "discarded":
                 row["discarded_ms"] = row["event_ms"]

@@ -340,8 +340,8 @@ class TaskSender:
             lane_report.counters.read = _rows_gone_through(offsets, lane.plan.starts, lane_report.stops, lane.cut)
             lane_report.counters.finished_ms = now.ms
             next_free = lane.cap.carried  # carried on as epoch ms, rounded up (0: none)
-            next_permit_ms = now.ms + math.ceil((next_free - now.s) * 1000) if math.isfinite(next_free) else 0
-            lane_report.flow_state = lane.flow.state(now.s, max(next_permit_ms, 0))
+            permit_in_ms = math.ceil((next_free - now.s) * 1000) if math.isfinite(next_free) else 0
+            lane_report.flow_state = lane.flow.state(now.s, max(permit_in_ms, 0))  # a duration: clocks differ
             report.lanes[index] = lane_report
         return report
 

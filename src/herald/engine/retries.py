@@ -370,7 +370,8 @@ class RetryDriver:
         for index, subscription in enumerate(subscriptions):
             lane = report.lanes[index]
             self._hand_back_flow(subscription.id, lane.flow_state)
-            self._next_permit[subscription.id] = lane.flow_state.next_permit_ms
+            permit_in_ms = lane.flow_state.permit_in_ms  # a duration from the round's end, as tasks report it
+            self._next_permit[subscription.id] = now_ms() + permit_in_ms if permit_in_ms else 0
             self._windows[subscription.id] = (lane.flow_state.window, time.monotonic())
             result.outcomes.append(SubscriptionOutcome(
                 subscription, counters=lane.counters, flow_state=lane.flow_state, discarded=lane.discarded,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from herald.config import Subscription
+from herald.delivery.clock import wall_clock_ms as _wall_ms
 from herald.delivery.flow import FlowState
 from herald.delivery.message import RetryState
 from herald.engine.rounds import position_rows, state_of_row
@@ -69,20 +70,28 @@ class SubscriptionState:
             self.flow, self.flow_at_s = FlowState(), None
         self.pin_id = pin_id
 
-    def flow_now(self, now_s: float) -> FlowState:
+    def flow_now(self, now_s: float, now_ms: int | None = None) -> FlowState:
         """Its flow state for a round planned at `now_s` (the driver's monotonic seconds): its open window older
-        by the time since its last round ended."""
-        if self.flow_at_s is None:
-            return self.flow
-        return self.flow.aged(max(0, round((now_s - self.flow_at_s) * 1000)))
+        by the time since its last round ended, and its next permit as the milliseconds from now (`now_ms`: the
+        driver's wall clock, epoch ms) that a task counts from its own start (`FlowState.permit_in_ms`)."""
+        flow = self.flow
+        if self.flow_at_s is not None:
+            flow = flow.aged(max(0, round((now_s - self.flow_at_s) * 1000)))
+        now_ms = _wall_ms() if now_ms is None else now_ms
+        return replace(flow, next_permit_ms=0, permit_in_ms=max(0, flow.next_permit_ms - now_ms)
+                       if flow.next_permit_ms else 0)
 
-    def take_flow(self, flow: FlowState, now_s: float) -> None:
+    def take_flow(self, flow: FlowState, now_s: float, now_ms: int | None = None) -> None:
         """The flow state its round ended with (`FlowState.combine`), taken at `now_s` (the driver's monotonic
         seconds). A window no task closed is as old as the driver measures it, the round's start and end
-        included (at least what the tasks measured); a window a task opened is as old as that task says."""
+        included (at least what the tasks measured); a window a task opened is as old as that task says. The next
+        permit the tasks reported in milliseconds becomes an instant of the driver's wall clock (`now_ms`)."""
         if flow.window.number == self.flow.window.number:
             elapsed_ms = max(flow.window.elapsed_ms, self.flow_now(now_s).window.elapsed_ms)
             flow = replace(flow, window=replace(flow.window, elapsed_ms=elapsed_ms))
+        if flow.permit_in_ms:
+            now_ms = _wall_ms() if now_ms is None else now_ms
+            flow = replace(flow, next_permit_ms=now_ms + flow.permit_in_ms, permit_in_ms=0)
         self.flow, self.flow_at_s = flow, now_s
 
     def pending(self, parked: int) -> int:
