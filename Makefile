@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml $(SPARK_PINS)
 test: install
 	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
-unit: install
+# The unit tests need no JVM part: pip's install only (no jars, no Kafka download).
+unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
 demo: install
