@@ -12,7 +12,8 @@ It then says how many messages are parked and when the next is due; the next run
 kept failing is given up: the run finishes the others and returns 1, naming it.
 Otherwise everything runs until interrupted: the first Ctrl-C (or SIGTERM) lets the rounds in progress finish
 (up to `grace_s` seconds) and stops; a second one stops at once. Either way nothing is lost: what was not
-recorded is delivered again on the next start.
+recorded is delivered again on the next start. A signal to the JVM of a session Herald built (spark-submit's,
+whose child this Python is) stops the job the same way, instead of the JVM exiting under it (`signals`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from herald.engine.control import ControlServer
 from herald.engine.moves import MoveWatcher, unapplied_moves
 from herald.engine.positions import behind
 from herald.engine.retries import RetryDriver
+from herald.engine.signals import JVM, PYTHON, JvmSignals, StopRequests
 from herald.engine.state import StateBook, SubscriptionState
 from herald.engine.supervision import QuerySupervisor
 from herald.engine.topic import TopicPipeline
@@ -54,6 +56,8 @@ class Runner:
         self.retries: RetryDriver | None = None
         self.config_generation = 0  # configuration changes applied since the job started (tests wait on it)
         self._stop = threading.Event()
+        self._stop_requests = StopRequests(self._stop_gracefully, self._stop_now, self._stop.is_set)
+        self._owns_session = False  # Herald built the session: its JVM is this job's (spark-submit's, herald run's)
         self.watcher = None
         self.maintenance = None
         self.moves = None
@@ -71,6 +75,9 @@ class Runner:
     def start(self, once: bool) -> None:
         settings = self.config.settings
         if self.spark is None:
+            from pyspark.sql import SparkSession
+
+            self._owns_session = SparkSession.getActiveSession() is None  # not Databricks' (the platform's JVM)
             self.spark = get_or_create_session(settings.spark.master, settings.spark.conf, app_name="herald")
         require_classic_session(self.spark)  # raises ClassicSessionRequired on Spark Connect: no JVM here
         connector = choose_connector(self.spark, settings.kafka.connector)
@@ -228,9 +235,11 @@ class Runner:
         except BaseException:
             self.shutdown(0.0)  # what did start stops, and the lease is given back
             raise
-        previous = {}
+        previous, jvm_signals = {}, None
         if threading.current_thread() is threading.main_thread():
             previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+            if self._owns_session:  # until the job has stopped: the graceful stop needs the JVM
+                jvm_signals = JvmSignals.install(self.spark, lambda: self._stop_requests.received(JVM))
         try:
             while not self._stop.is_set():
                 self.topics.supervise()
@@ -244,7 +253,11 @@ class Runner:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.shutdown(0.0 if self._stopped_for else grace_s)
+            try:
+                self.shutdown(0.0 if self._stopped_for else grace_s)
+            finally:
+                if jvm_signals is not None:
+                    jvm_signals.restore()
         if once:
             self._report_parked()
         if self._stopped_for is not None:
@@ -276,15 +289,20 @@ class Runner:
         self._stop.set()
 
     def _on_signal(self, signum, frame) -> None:
-        if self._stop.is_set():
-            log.warning("second interrupt: stopping now")
-            for pipeline in list(self.pipelines.values()):
-                pipeline.stop()
-            read = self.topics.read if self.topics is not None else None
-            if read is not None:
-                read.stop()
-            return
-        log.info("stopping: letting the rounds in progress finish (Ctrl-C again to stop now)")
+        self._stop_requests.received(PYTHON)
+
+    def _stop_now(self) -> None:
+        log.warning("second interrupt: stopping now")
+        self._stop.set()
+        for pipeline in list(self.pipelines.values()):
+            pipeline.stop()
+        read = self.topics.read if self.topics is not None else None
+        if read is not None:
+            read.stop()
+
+    def _stop_gracefully(self) -> None:
+        if not self._stop.is_set():  # one signal to both processes of the driver is told once
+            log.info("stopping: letting the rounds in progress finish (Ctrl-C again to stop now)")
         self._stop.set()
 
     def _done(self) -> bool:
