@@ -41,9 +41,12 @@ bench: install
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python tests/benchmarks/serial_throughput.py
 
+# The wheel, and the same archive as dist/herald-<version>.zip for `spark-submit --py-files`: Spark puts a .zip of
+# --py-files on the executors' Python path, a .whl on the driver's alone (README, "On a cluster").
 dist: install
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
-	@ls dist/*.whl
+	@for wheel in dist/herald-*-py3-none-any.whl; do cp "$$wheel" "$${wheel%-py3-none-any.whl}.zip"; done
+	@ls dist/*.whl dist/*.zip
 
 clean:
 	rm -rf $(VENV) .venv-spark-* .venv-wheel-* .herald build dist src/*.egg-info .pytest_cache
