@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from herald.broker import EmbeddedBroker
 # several minutes while the other has nothing left. A file not named keeps its place after these.
 SLOW_FILES_FIRST = (
     "test_dist.py",
+    "test_cluster.py",
     "test_many_topics.py",
     "test_restart_catch_up.py",
     "test_spark_upkeep.py",
@@ -123,6 +126,25 @@ def spark():
         session = get_or_create_session("local[2]", {"spark.sql.shuffle.partitions": "2"}, app_name="herald-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """Herald's wheel, built as `make dist` builds it (`pip wheel --no-deps`), from this checkout."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out),
+                    str(Path(__file__).resolve().parents[1])], check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("herald-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def herald_zip(wheel) -> Path:
+    """The wheel under the name `make dist` copies it to (`dist/herald-<version>.zip`): spark-submit puts a
+    `--py-files` .zip on the executors' Python path, and a .whl on the driver's alone."""
+    import shutil
+
+    return Path(shutil.copy(wheel, wheel.with_name(wheel.name.replace("-py3-none-any.whl", ".zip"))))
 
 
 @pytest.fixture(scope="module")

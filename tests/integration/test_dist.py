@@ -21,15 +21,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)],
-                   check=True, capture_output=True, timeout=300)
-    (built,) = out.glob("herald-*.whl")
-    return built
-
-
 def test_the_wheel_holds_every_module_of_the_package(wheel):
     import zipfile
 
