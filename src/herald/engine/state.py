@@ -40,6 +40,8 @@ class SubscriptionState:
         positions, its Kafka lag as far as the job knows it (`pending`).
     topic_id: Kafka's id of the topic its positions are in (None: not known): a topic created again has a new
         one, and positions of the old log go on from the new one's start (herald.engine.resets).
+    rows_topic_id: the topic id its newest offsets rows name (None: none, or not all of them): a round writes
+        every position it covers, moved or not, while this is not the id its rows carry (`TopicPipeline._to_write`).
     flow / flow_at_s: its flow controller's state, and when (the driver's monotonic seconds; None before its
         first round) its open window was as old as it says: the time between rounds counts in the window too.
     """
@@ -58,6 +60,7 @@ class SubscriptionState:
     topic_end: dict[int, int] = field(default_factory=dict)
     pin_id: str | None = None  # priority pinned: the pin its flow state was learnt with
     topic_id: str | None = None
+    rows_topic_id: str | None = None
 
     @property
     def id(self) -> str:
@@ -155,6 +158,7 @@ class StateBook:
         self._stored, self._stored_ids = stored_offsets(store)
         self._held = stored_held(store)
         self._resting: dict[str, SubscriptionState] = {}
+        self._moved: set[tuple[str, str]] = set()  # (subscription id, Kafka topic) moved here: rows without an id
 
     def state_for(self, subscription: Subscription, kafka_topic: str, marks: Mapping[int, tuple[int, int]],
                   since_ms: int | None = None, offsets_for_time=None) -> SubscriptionState:
@@ -195,8 +199,10 @@ class StateBook:
                      subscription.startingOffsets, positions)
         for partition in marks:
             positions.setdefault(partition, 0)  # a partition added since: from its start
+        key = (subscription.id, kafka_topic)
         return SubscriptionState(subscription, kafka_topic=kafka_topic, positions=positions, carried=carried,
-                                 topic_id=self._stored_ids.get((subscription.id, kafka_topic)))
+                                 topic_id=self._stored_ids.get(key),
+                                 rows_topic_id=None if key in self._moved else self._stored_ids.get(key))
 
     def joined(self, state: SubscriptionState) -> None:
         """`state` (from `state_for`) is being delivered now: it no longer rests here."""
@@ -224,8 +230,10 @@ class StateBook:
         resting = self._resting.get(subscription_id)
         if resting is not None and resting.kafka_topic == kafka_topic:
             resting.positions.update(to_offsets)
+            resting.rows_topic_id = None  # the move's rows name no topic id
             dropped |= set(resting.carried)
             resting.carried = {}
         key = (subscription_id, kafka_topic)
+        self._moved.add(key)
         self._stored[key] = {**self._stored.get(key, {}), **to_offsets}
         return dropped

@@ -133,6 +133,7 @@ class TopicPipeline:
             self._reset(state, move)
             return
         state.positions.update(move.to_offsets)
+        state.rows_topic_id = None  # the move's rows name no topic id: the next round's rows name it again
         dropped, state.carried = set(state.carried), {}
         state.idle = None
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
@@ -228,6 +229,7 @@ class TopicPipeline:
                 state.topic_end[partition] = min(state.topic_end[partition], part.high)
         state.idle = None
         state.topic_id = reset.topic_id or state.topic_id
+        state.rows_topic_id = None  # its rows name the id for the partitions reset only: the next round's, for all
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
         tables = reset_tables(state.subscription, reset, outcome, stamp, self.context.cluster, pending.positions,
                               ended)
@@ -442,7 +444,8 @@ class TopicPipeline:
 
     def _recorded_before(self, batch_id: int, writer: str) -> bool:
         """True when the offsets table holds this query's positions for micro-batch `batch_id` (written last of a
-        round's tables: the whole round was recorded), or when this process handed that round to the table
+        round's tables: the whole round was recorded; a round that moved no position wrote none, and its replay
+        delivers it again to subscriptions still at its start), or when this process handed that round to the table
         writer and it is not written yet (a query restarted within storage.commitIntervalMs of the round: its
         replay would deliver nothing, and its empty slice would replace the round's PARKED and undelivered rows)."""
         part = Slice(writer, batch_id)
@@ -487,8 +490,10 @@ class TopicPipeline:
             if result is None:
                 continue
             state.take_flow(result.flow_state, time.monotonic())
+            before = dict(state.positions)
             for partition, offset in result.positions.items():
                 state.positions[partition] = max(state.positions.get(partition, offset), offset)
+            result.positions = self._to_write(state, before, result.positions)
             before = set(state.carried)
             for item in result.carried:
                 state.carried[(item.partition, item.offset)] = item.state
@@ -503,6 +508,17 @@ class TopicPipeline:
             for move in moves_asked:  # in the order they were asked: each is applied, and recorded applied
                 self._move(participant.state, move)
         return stamp
+
+    def _to_write(self, state: SubscriptionState, before: dict[int, int], covered: dict[int, int]) -> dict[int, int]:
+        """(lock held) The positions a round's offsets rows hold: those of the partitions it `covered` that moved
+        from where they were `before` it; all of them when the state's rows do not name the Kafka topic id the
+        round's rows carry (an id learnt since, or rows a move or a reset wrote). A position that stayed has its
+        newest row already: a row for it would only grow the table (docs/design.md §6)."""
+        if self.topic_id is not None and state.rows_topic_id != self.topic_id:
+            state.rows_topic_id = self.topic_id
+            return {partition: state.positions[partition] for partition in covered}
+        return {partition: state.positions[partition] for partition in covered
+                if before.get(partition) != state.positions[partition]}
 
     def stop(self) -> None:
         """Deliver nothing more (the job stops, or the topic leaves it); the read is stopped by `Topics`."""
