@@ -1,4 +1,4 @@
-"""Reading the tables for people: last undelivered messages, lifetime metrics and offsets of a subscription.
+"""Reading the tables for people: last undelivered messages, metrics totals and offsets of a subscription.
 
 These read Delta with delta-rs and never start Spark, so `herald undelivered|metrics|offsets` answer in about
 a second. Field names of the JSON forms are Hermes' (`topicName`, `otherErrors`, `codes2xx`, ...).
@@ -71,14 +71,15 @@ _LIFETIME = {
 
 def metrics(config: HeraldConfig, subscription: Subscription, with_lag: bool = False,
             now_ms: int | None = None) -> dict[str, Any]:
-    """Lifetime counts summed over every round (micro-batch, catch-up or retry round); `inflight`, `pending`,
+    """Counts summed over every round the metrics table keeps (micro-batch, catch-up or retry round; the last
+    `storage.historyRetentionHours`, a week by default: maintenance deletes older rows); `inflight`, `pending`,
     `rate` and `flow` are the last round's. `rate` is attempts per second, `lastBatchAt` epoch milliseconds.
     `inflight`: the most messages in flight at once in a task of that round (admitted and not yet delivered,
     discarded, parked or carried: being attempted or waiting for a retry). `pending`: its messages read or
     readable and not yet delivered or discarded when the round was planned (its Kafka lag as the job knew it,
     plus its parked messages). Priority overflow compares them with an endpoint's `minInflight` / `minPending`.
 
-    Unlike Hermes' per-second gauges, timeouts/otherErrors/codes* are lifetime counts of attempts; Hermes'
+    Unlike Hermes' per-second gauges, timeouts/otherErrors/codes* are such counts of attempts; Hermes'
     per-second figures over the last minute are in `lastMinute`. With `with_lag`, `lag` gives per partition
     the end offset, the position and their difference (asking Kafka; `lagError` says why when it cannot).
     """

@@ -17,6 +17,7 @@ from herald.storage.store import Slice
 from herald.storage.properties import table_properties
 from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
 from tests.support.herald_env import write_conf
+from tests.support.history_rows import CLOCK_MS, HOUR_MS, history, kept, standing
 
 NOW = dt.datetime(2026, 11, 24, tzinfo=dt.timezone.utc)
 
@@ -89,7 +90,7 @@ def test_herald_maintain_under_an_hour_holds_the_lease_so_no_job_starts_during_i
     real_pass = maintenance.maintain_tables
     refused: list[str] = []
 
-    def pass_with_a_job_starting(store, hours, stopping=lambda: False):
+    def pass_with_a_job_starting(store, hours, stopping=lambda: False, **passed):
         job = StorageLease(DeltaRsStore(str(storage)), settle_s=0.0)
         try:
             job.acquire()
@@ -97,7 +98,7 @@ def test_herald_maintain_under_an_hour_holds_the_lease_so_no_job_starts_during_i
             refused.append(str(error))
         else:
             job.release()
-        return real_pass(store, hours, stopping)
+        return real_pass(store, hours, stopping, **passed)
 
     monkeypatch.setattr(maintenance, "maintain_tables", pass_with_a_job_starting)
     assert main(["maintain", "--conf", str(conf), "--retention-hours", "0", "--json"]) == 0
@@ -168,3 +169,66 @@ def test_maintain_writes_a_checkpoint_and_deletes_the_expired_log(tmp_path):
     assert _log(tmp_path) == ["00000000000000000007.checkpoint.parquet", "00000000000000000007.json",
                               "_last_checkpoint"]
     assert store.read(OFFSETS).num_rows == 6 * 4
+
+
+# -- history retention: old rows go, the rows that say where things stand never do ----------------------------------
+
+def test_maintenance_deletes_history_past_the_retention_and_never_a_row_that_says_where_things_stand(tmp_path):
+    """A day's retention for both: superseded rows older than a day go; the newest offsets row of each partition
+    stays whatever its age (two rows of one instant both stay: neither is older), the newest retries row of a
+    message stays while it is PARKED or HELD, a message whose retries ended a day ago goes whole; metrics and
+    tracking rows older than a day go (a metrics row with no time stays); undelivered and advisories rows are
+    never touched."""
+    from herald.storage.history import HistoryRetention
+    from herald.storage.tables import METRICS, RETRIES, TRACKING
+
+    store = DeltaRsStore(str(tmp_path))
+    history(store)
+    before = standing(store)
+    results = maintain_tables(store, 168, history=HistoryRetention(offsets_hours=24, history_hours=24),
+                              now_ms=CLOCK_MS)
+    assert kept(store) == {
+        OFFSETS: [("g.t.a", 0, 30.0), ("g.t.a", 1, 1.0), ("g.t.a", 1, 2.0), ("g.t.b", 0, 100.0), ("g.t.b", 1, 30.0),
+                  ("g.t.b", 1, 30.0), ("g.t.b", 2, 0.2), ("g.t.b", 2, 0.5)],
+        RETRIES: [(1, 40.0, "PARKED"), (2, 45.0, "HELD"), (4, 1.0, "DISCARDED"), (5, 2.0, "PARKED")],
+        METRICS: [1, 2],
+        TRACKING: ["m1"],
+    }
+    assert standing(store) == before, "a restart finds the same positions, HELD states and parked messages"
+    deleted = {upkeep.table: upkeep.rows_deleted for upkeep in results}
+    assert deleted == {OFFSETS: 3, RETRIES: 8, METRICS: 1, TRACKING: 1, "undelivered": None, "advisories": None,
+                       "leases": None, "retransmissions": None, "endpoints": None}
+    assert store.read("undelivered").num_rows == 1 and store.read("advisories").num_rows == 1
+
+    again = maintain_tables(store, 168, history=HistoryRetention(offsets_hours=24, history_hours=24),
+                            now_ms=CLOCK_MS)
+    assert {upkeep.table: upkeep.rows_deleted for upkeep in again if upkeep.rows_deleted} == {}, "nothing left to do"
+
+
+def test_each_retention_applies_to_its_own_tables_and_none_keeps_everything(tmp_path):
+    from herald.storage.history import HistoryRetention
+    from herald.storage.tables import METRICS, RETRIES, TRACKING
+
+    store = DeltaRsStore(str(tmp_path))
+    history(store)
+    everything = kept(store)
+    maintain_tables(store, 168, history=HistoryRetention(offsets_hours=None, history_hours=None), now_ms=CLOCK_MS)
+    assert kept(store) == everything
+    maintain_tables(store, 168, history=HistoryRetention(offsets_hours=1, history_hours=None), now_ms=CLOCK_MS)
+    left = kept(store)
+    assert left[OFFSETS] == [("g.t.a", 0, 30.0), ("g.t.a", 1, 1.0), ("g.t.b", 0, 100.0), ("g.t.b", 1, 30.0),
+                             ("g.t.b", 1, 30.0), ("g.t.b", 2, 0.2), ("g.t.b", 2, 0.5)]
+    assert {table: left[table] for table in (RETRIES, METRICS, TRACKING)} == \
+        {table: everything[table] for table in (RETRIES, METRICS, TRACKING)}
+
+
+def test_a_clock_ahead_of_the_tables_does_not_age_their_rows(tmp_path):
+    """`herald maintain` on a host whose clock is ten days ahead: "older than a day" counts from the table's newest
+    row, not from that clock, so nothing younger than a day before it goes (lease.forget_ended does the same)."""
+    from herald.storage.history import HistoryRetention
+
+    store = DeltaRsStore(str(tmp_path))
+    history(store)
+    maintain_tables(store, 168, history=HistoryRetention(offsets_hours=24, history_hours=24),
+                    now_ms=CLOCK_MS + 240 * HOUR_MS)
+    assert ("g.t.a", 1, 2.0) in kept(store)[OFFSETS], "2 h before the newest row: younger than a day"

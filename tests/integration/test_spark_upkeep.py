@@ -70,6 +70,27 @@ def test_a_new_delta_spark_table_has_herald_properties_takes_merged_rounds_and_m
     assert sorted((r["writer"], r["batch_id"]) for r in store.read(OFFSETS).to_pylist()) == found
 
 
+def test_delta_spark_deletes_the_same_history_as_delta_rs_and_keeps_where_things_stand(spark, tmp_path):
+    """The history retention of a job on delta-spark (its own SQL: backtick identifiers, `DELETE`), over the rows
+    test_maintenance.py checks with delta-rs: the same rows are left, read back by either engine."""
+    from herald.storage import DeltaRsStore
+    from herald.storage.history import HistoryRetention, prune
+    from herald.storage.tables import METRICS, RETRIES, TRACKING
+    from tests.support.history_rows import CLOCK_MS, history, kept, standing
+
+    require_jars(spark, DELTA_SPARK_CLASS)
+    written = DeltaRsStore(str(tmp_path))
+    history(written)
+    before = standing(written)
+    store = SparkDeltaStore(spark, str(tmp_path))
+    retention = HistoryRetention(offsets_hours=24, history_hours=24)
+    deleted = {table: prune(store, table, retention, CLOCK_MS) for table in (OFFSETS, RETRIES, METRICS, TRACKING)}
+    assert deleted == {OFFSETS: 3, RETRIES: 8, METRICS: 1, TRACKING: 1}
+    assert kept(written)[RETRIES] == [(1, 40.0, "PARKED"), (2, 45.0, "HELD"), (4, 1.0, "DISCARDED"),
+                                      (5, 2.0, "PARKED")]
+    assert standing(written) == before == standing(store)
+
+
 def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(spark, tmp_path):
     require_jars(spark, DELTA_SPARK_CLASS)
     path = tmp_path / "tables" / OFFSETS

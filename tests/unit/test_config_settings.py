@@ -80,6 +80,16 @@ def test_a_retention_under_an_hour_is_refused_naming_the_key(tmp_path):
         "conf/herald.yaml: storage.maintenanceRetentionHours: must be >= 1 (got 0)"]
 
 
+def test_history_retentions_default_to_six_hours_of_offsets_and_a_week_of_the_rest(tmp_path):
+    from herald.storage.history import HistoryRetention
+
+    assert load_config(write_conf(tmp_path)).settings.storage.history_retention() == HistoryRetention(6, 168)
+    kept = load_config(write_conf(tmp_path / "kept", settings=SETTINGS + "  offsetsRetentionHours: null\n"))
+    assert kept.settings.storage.history_retention() == HistoryRetention(None, 168), "null: every row kept"
+    assert problems_of(write_conf(tmp_path / "short", settings=SETTINGS + "  historyRetentionHours: 0.5\n")) == [
+        "conf/herald.yaml: storage.historyRetentionHours: must be >= 1 (got 0.5)"]
+
+
 def test_unknown_keys_of_the_new_sections_are_refused(tmp_path):
     settings = SETTINGS + "delivery:\n  maxOpen: x\nstreaming:\n  batchDeadline: x\n"
     assert set(problems_of(write_conf(tmp_path, settings=settings))) == {

@@ -129,3 +129,30 @@ def test_herald_maintain_takes_zero_hours_for_tables_no_job_runs_on():
     from herald.cli.parser import build_parser
 
     assert build_parser().parse_args(["maintain", "--conf", "conf", "--retention-hours", "0"]).retention_hours == 0.0
+
+
+class Quoting:
+    def quote(self, column: str) -> str:
+        return f'"{column}"'
+
+
+def test_history_predicates_name_every_key_and_stay_within_their_bounds():
+    """delta-rs parses a predicate recursively (a few thousand OR terms crashed the process): many keys make more
+    predicates, each naming its keys exactly, with at most MAX_TERMS terms and MAX_VALUES values."""
+    from herald.storage.history import MAX_TERMS, MAX_VALUES, predicates
+
+    groups = {(f"g.t.s{n}", "g.t", 1_800_000_000_000_000 + n): [n % 12] for n in range(450)}
+    groups[("g.t.o'brien", "g.t", 1_800_000_000_000_000)] = list(range(2500))
+    found = predicates(Quoting(), ("subscription", "topic", "partition"), "committed_at", groups)
+    assert len(found) == 3
+    assert all(p.count(" OR ") + 1 <= MAX_TERMS and p.count(",") + p.count(" IN (") <= MAX_VALUES for p in found)
+    text = " OR ".join(found)
+    assert text.count("\"subscription\" = 'g.t.s") == 450 and "'g.t.o''brien'" in text
+    assert "\"committed_at\" < '2027-01-15T08:00:00.000449Z'" in text, "bounds to the microsecond, in UTC"
+
+
+def test_a_jobs_own_maintenance_keeps_an_hour_of_history_at_least():
+    from herald.storage.history import HistoryRetention
+
+    maintenance = PeriodicMaintenance(SlowStore(), interval_hours=1, history=HistoryRetention(0.1, None))
+    assert maintenance.history == HistoryRetention(offsets_hours=MIN_RUNNING_RETENTION_HOURS, history_hours=None)

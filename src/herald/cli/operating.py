@@ -136,8 +136,9 @@ def cmd_maintain(args) -> int:
     settings = config.settings.storage
     hours = args.retention_hours if args.retention_hours is not None else settings.maintenanceRetentionHours
     store = DeltaRsStore(config.storage_path, settings.options or None, settings.maintenanceRetentionHours)
+    history = settings.history_retention()
     if hours >= MIN_RUNNING_RETENTION_HOURS:
-        results = maintain_tables(store, hours)
+        results = maintain_tables(store, hours, history=history)
     else:  # files a job's reads may still need could go: no job may start on the tables during the pass
         lease = StorageLease(store, ttl_s=MAINTAIN_LEASE_S)  # not renewed: no lease row is written during the pass
         try:
@@ -156,7 +157,7 @@ def cmd_maintain(args) -> int:
             return bool(stopped)
 
         try:
-            results = maintain_tables(store, hours, stopping=running_out)
+            results = maintain_tables(store, hours, stopping=running_out, history=history)
         finally:
             lease.release()
         if stopped:
@@ -167,7 +168,8 @@ def cmd_maintain(args) -> int:
         print_json([asdict(result) for result in results])
         return 0
     for result in results:
-        print(f"{result.table:>12}  {result.files_before} file(s) -> {result.files_after}: {result.files_removed} "
-              f"compacted into {result.files_added}, {result.files_deleted} deleted (older than {hours:g} h); "
-              f"log {result.log_files_before} file(s) -> {result.log_files_after}")
+        rows = "" if result.rows_deleted is None else f"{result.rows_deleted} history row(s) deleted; "
+        print(f"{result.table:>12}  {rows}{result.files_before} file(s) -> {result.files_after}: "
+              f"{result.files_removed} compacted into {result.files_added}, {result.files_deleted} deleted (older "
+              f"than {hours:g} h); log {result.log_files_before} file(s) -> {result.log_files_after}")
     return 0

@@ -107,8 +107,9 @@ def _reading_commands(commands: Commands) -> None:
     which.add_argument("--limit", type=int, default=1, metavar="N", help="the last N")
     undelivered.add_argument("--json", action="store_true", help="Hermes' JSON format")
 
-    for name, handler, help_text in (("metrics", cmd_metrics, "lifetime metrics of a subscription, the last "
-                                                               "minute's per-second figures and the lag"),
+    for name, handler, help_text in (("metrics", cmd_metrics, "metrics totals of a subscription (over "
+                                                               "storage.historyRetentionHours), the last minute's "
+                                                               "per-second figures and the lag"),
                                      ("offsets", cmd_offsets, "delivered-through offsets per partition")):
         sub = commands.add(name, handler, help_text)
         sub.add_argument("id", help=SUBSCRIPTION_ID)

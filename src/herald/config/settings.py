@@ -52,7 +52,11 @@ class StorageSettings(Strict):
     commits its offsets: a crash delivers up to that minute again. urgentCommitMs: the most milliseconds a
     gathering lasts after a round with a discard, a loss or a newly parked message was handed over
     (`herald.engine.rounds.urgent`), so that an operator finds its row within seconds (no effect above
-    commitIntervalMs)."""
+    commitIntervalMs).
+    offsetsRetentionHours / historyRetentionHours: how old a row of history must be before maintenance deletes it
+    (None: never; `herald.storage.history`): offsets rows that are not a position any more (a position's newest
+    row stays, however old), and metrics, tracking and retries rows (a parked or held message's newest retries
+    row stays). At least an hour: maintenance runs beside the job's writes."""
 
     path: str
     engine: Literal["auto", "spark", "deltalake"] = "auto"
@@ -61,6 +65,14 @@ class StorageSettings(Strict):
     maintenanceRetentionHours: Annotated[float, Field(ge=1, le=87600)] = 168
     commitIntervalMs: Annotated[int, Field(ge=0, le=600_000)] = 60_000
     urgentCommitMs: Annotated[int, Field(ge=0, le=600_000)] = 5000
+    offsetsRetentionHours: Annotated[float, Field(ge=1, le=87600)] | None = 6
+    historyRetentionHours: Annotated[float, Field(ge=1, le=87600)] | None = 168
+
+    def history_retention(self):
+        """The retentions as maintenance takes them (`herald.storage.history.HistoryRetention`)."""
+        from herald.storage.history import HistoryRetention
+
+        return HistoryRetention(offsets_hours=self.offsetsRetentionHours, history_hours=self.historyRetentionHours)
 
 
 class StreamingSettings(Strict):

@@ -134,7 +134,8 @@ class Runner:
             from herald.storage.maintenance import PeriodicMaintenance
 
             self.maintenance = PeriodicMaintenance(store, settings.storage.maintenanceIntervalHours,
-                                                   settings.storage.maintenanceRetentionHours)
+                                                   settings.storage.maintenanceRetentionHours,
+                                                   settings.storage.history_retention())
             self.maintenance.start()
         if not once:
             from herald.engine.watcher import ConfWatcher

@@ -1,19 +1,23 @@
-"""Table upkeep: compact small files, delete unreferenced ones and clean the commit log up, on demand (`herald
-maintain`) or every `storage.maintenanceIntervalHours` in a running job.
+"""Table upkeep: delete history past its retention, compact small files, delete unreferenced ones and clean the
+commit log up, on demand (`herald maintain`) or every `storage.maintenanceIntervalHours` in a running job.
 
 Every round writes a few small files (a slice per table), so a job that runs for a day leaves tens of
 thousands of them; compaction rewrites them into a few and vacuum deletes those no version younger than the
 retention needs; a checkpoint then lets the log entries older than the tables' log retention go
-(`herald.storage.properties`). All run beside the writers: delta-rs and Delta commit them with conflict checks, and a
-pass that loses a race is simply tried again next time.
+(`herald.storage.properties`). Before that, each table's rows that only record the past are deleted once older
+than their retention, never a row that says where things stand (`herald.storage.history`). All run beside the
+writers: delta-rs and Delta commit them with conflict checks, and a pass that loses a race is simply tried again
+next time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
 
+from herald.storage.history import HistoryRetention, prune
 from herald.storage.lease import forget_ended
 from herald.storage.store import DEFAULT_RETENTION_HOURS, TableStore, TableUpkeep
 from herald.storage.tables import SCHEMAS
@@ -24,10 +28,13 @@ __all__ = ["DEFAULT_RETENTION_HOURS", "MIN_RUNNING_RETENTION_HOURS", "PeriodicMa
 
 
 def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS,
-                    stopping: Callable[[], bool] = lambda: False) -> list[TableUpkeep]:
-    """One pass over every Herald table (old lease rows deleted first, `lease.forget_ended`); a table whose pass
-    fails is logged and skipped. `stopping` is asked before each table: once it says True, no other table's pass
-    starts."""
+                    stopping: Callable[[], bool] = lambda: False, history: HistoryRetention | None = None,
+                    now_ms: int | None = None) -> list[TableUpkeep]:
+    """One pass over every Herald table (old lease rows deleted first, `lease.forget_ended`): its history older
+    than `history` says deleted (None: none; `now_ms`: the pass's clock, epoch ms), then compacted and vacuumed
+    with `retention_hours`. A table whose pass fails is logged and skipped (a failed deletion of history is tried
+    again next time; its compaction goes on). `stopping` is asked before each table: once it says True, no other
+    table's pass starts."""
     results = []
     try:
         forget_ended(store)
@@ -36,8 +43,15 @@ def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTIO
     for table in SCHEMAS:
         if stopping():
             break
+        deleted = None
+        if history is not None:
+            try:
+                deleted = prune(store, table, history, now_ms)
+            except Exception:  # noqa: BLE001 - e.g. a commit race with the job's writes: next time
+                log.warning("history of table %s could not be deleted; it is tried again next time", table,
+                            exc_info=True)
         try:
-            results.append(store.maintain(table, retention_hours))
+            results.append(dataclasses.replace(store.maintain(table, retention_hours), rows_deleted=deleted))
         except Exception:  # noqa: BLE001 - one table's failure (e.g. a commit race) must not stop the others
             log.warning("maintenance of table %s failed; it is tried again next time", table, exc_info=True)
     return results
@@ -52,17 +66,20 @@ a read of the version before it may still need them."""
 
 
 class PeriodicMaintenance:
-    """Runs `maintain_tables` every `interval_hours` on a thread of its own until stopped, with a retention of at
-    least `MIN_RUNNING_RETENTION_HOURS`.
+    """Runs `maintain_tables` every `interval_hours` on a thread of its own until stopped, with retentions (of
+    files, and of `history`) of at least `MIN_RUNNING_RETENTION_HOURS`.
 
     A table's pass cannot be cut short (with delta-spark on a small machine it took minutes), so `stop` lets the
     one in progress end and starts no other: a job being stopped is not held up for the whole pass."""
 
     def __init__(self, store: TableStore, interval_hours: float,
-                 retention_hours: float = DEFAULT_RETENTION_HOURS) -> None:
+                 retention_hours: float = DEFAULT_RETENTION_HOURS, history: HistoryRetention | None = None) -> None:
         self.store = store
         self.interval_s = interval_hours * 3600
         self.retention_hours = max(retention_hours, MIN_RUNNING_RETENTION_HOURS)
+        self.history = None if history is None else HistoryRetention(*(
+            None if hours is None else max(hours, MIN_RUNNING_RETENTION_HOURS)
+            for hours in (history.offsets_hours, history.history_hours)))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="herald-table-maintenance", daemon=True)
 
@@ -82,7 +99,7 @@ class PeriodicMaintenance:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for upkeep in maintain_tables(self.store, self.retention_hours, self._stop.is_set):
-                log.info("table %s: %d file(s) compacted into %d, %s deleted; log %s file(s) -> %s", upkeep.table,
-                         upkeep.files_removed, upkeep.files_added, upkeep.files_deleted, upkeep.log_files_before,
-                         upkeep.log_files_after)
+            for upkeep in maintain_tables(self.store, self.retention_hours, self._stop.is_set, self.history):
+                log.info("table %s: %s history row(s) deleted, %d file(s) compacted into %d, %s deleted; log %s "
+                         "file(s) -> %s", upkeep.table, upkeep.rows_deleted or 0, upkeep.files_removed,
+                         upkeep.files_added, upkeep.files_deleted, upkeep.log_files_before, upkeep.log_files_after)

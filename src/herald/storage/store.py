@@ -66,6 +66,11 @@ def _sql_text(text: str) -> str:
     return text.replace("'", "''")
 
 
+def sql_string(text: str) -> str:
+    """`text` as a SQL string literal (both engines)."""
+    return f"'{_sql_text(text)}'"
+
+
 def table_root(storage_path: str) -> str:
     return f"{storage_path.rstrip('/')}/tables"
 
@@ -121,6 +126,20 @@ class TableStore(ABC):
         """Run a SQL query over `table` (named as itself), with delta-rs; no rows if the table does not exist."""
         return DeltaRsStore.query_table(self.path(table), table, query, self.storage_options())
 
+    def select(self, table: str, query: str) -> pa.Table:
+        """Run a SQL query over `table` whose result has columns of its own (an aggregate), as it gives them; no
+        rows if the table does not exist. Identifiers quoted with `quote`."""
+        return DeltaRsStore.query_table(self.path(table), table, query, self.storage_options(), conform=False)
+
+    def quote(self, column: str) -> str:
+        """`column` as an identifier in this store's SQL (delta-rs: double quotes; Spark: backticks)."""
+        return f'"{column}"'
+
+    def delete(self, table: str, predicate: str) -> int:
+        """Delete the rows of `table` that match `predicate` (SQL over its columns, identifiers quoted with
+        `quote`) in one commit; the number deleted (0, and no commit, when the table does not exist)."""
+        raise NotImplementedError(f"{type(self).__name__} deletes no rows")
+
     def storage_options(self) -> dict[str, str] | None:
         return None
 
@@ -143,8 +162,8 @@ class Logged:
 @dataclass(frozen=True)
 class TableUpkeep:
     """What one maintenance pass did to a table: files compacted away and written, files deleted, the
-    table's data files before and after, and its `_delta_log` files (commits, checkpoints, checksums) before and
-    after (None where the engine does not say)."""
+    table's data files before and after, its `_delta_log` files (commits, checkpoints, checksums) before and
+    after (None where the engine does not say), and the rows of history it deleted."""
 
     table: str
     files_removed: int
@@ -154,6 +173,7 @@ class TableUpkeep:
     files_after: int | None = None
     log_files_before: int | None = None
     log_files_after: int | None = None
+    rows_deleted: int | None = None  # history past its retention (herald.storage.history); None: keeps every row
 
 
 def _conform(table: str, rows: pa.Table) -> pa.Table:
@@ -231,6 +251,23 @@ class DeltaRsStore(TableStore):
         write_deltalake(self.path(table), _conform(table, rows), mode="append", storage_options=self._options,
                         commit_properties=_noted(note))
 
+    def delete(self, table: str, predicate: str) -> int:
+        """A commit that loses a race is tried again on the newer version (delta-rs counts a concurrent append as
+        one: its delete read the table), up to 8 times; then it raises."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import CommitFailedError
+
+        path = self.path(table)
+        if not DeltaTable.is_deltatable(path, storage_options=self._options):
+            return 0
+
+        @retry(retry=retry_if_exception_type(CommitFailedError), stop=stop_after_attempt(8),
+               wait=wait_random_exponential(multiplier=0.05, max=2), reraise=True)
+        def commit() -> int:
+            return int(DeltaTable(path, storage_options=self._options).delete(predicate).get("num_deleted_rows", 0))
+
+        return commit()
+
     def maintain(self, table: str, retention_hours: float) -> TableUpkeep:
         """delta-rs `optimize.compact()`, `vacuum()`, then a checkpoint and `cleanup_metadata()` (the log entries
         older than the table's log retention; they need a checkpoint after them). The retention may be shorter
@@ -282,17 +319,21 @@ class DeltaRsStore(TableStore):
         return Logged(rows, version, [(v, note) for v, note in commits if after_version < v <= version])
 
     @staticmethod
-    def query_table(path: str, table: str, query: str, options: dict[str, str] | None, loaded=None) -> pa.Table:
+    def query_table(path: str, table: str, query: str, options: dict[str, str] | None, loaded=None,
+                    conform: bool = True) -> pa.Table:
         """Run `query` with delta-rs' own query engine (its PyArrow-dataset bridge, `to_pyarrow_dataset`, aborts
         the process at exit about one run in three: delta-io/delta-rs#2184). loaded: the table already loaded
-        (a `DeltaTable` of `path`)."""
+        (a `DeltaTable` of `path`). conform: give the result the table's columns (those it lacks as nulls); else
+        the query's own (an empty table with none when the table does not exist)."""
         from deltalake import DeltaTable, QueryBuilder
 
         declared = SCHEMAS[table]
         if loaded is None and not DeltaTable.is_deltatable(path, storage_options=options):
-            return declared.empty_table()
+            return declared.empty_table() if conform else pa.table({})
         loaded = loaded if loaded is not None else DeltaTable(path, storage_options=options)
         result = pa.table(QueryBuilder().register(table, loaded).execute(query).read_all())
+        if not conform:
+            return result
         columns = [result.column(name).cast(declared.field(name).type) if name in result.schema.names
                    else pa.nulls(result.num_rows, declared.field(name).type) for name in declared.names]
         return pa.Table.from_arrays(columns, schema=declared)
@@ -461,6 +502,28 @@ class SparkDeltaStore(TableStore):
         except AnalysisException:  # no table yet
             return SCHEMAS[table].empty_table()
         return self.spark.sql(query).drop("herald_rank").toArrow()
+
+    def select(self, table: str, query: str) -> pa.Table:
+        from pyspark.errors import AnalysisException
+
+        try:
+            self.spark.read.format("delta").load(self.path(table)).createOrReplaceTempView(table)
+        except AnalysisException:  # no table yet
+            return pa.table({})
+        return self.spark.sql(query).toArrow()
+
+    def quote(self, column: str) -> str:
+        return f"`{column}`"
+
+    def delete(self, table: str, predicate: str) -> int:
+        """SQL `DELETE`, one attempt (a commit that loses a race raises; maintenance tries again next pass)."""
+        from delta.tables import DeltaTable
+
+        path = self.path(table)
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return 0
+        done = self.spark.sql(f"DELETE FROM delta.`{path}` WHERE {predicate}").collect()
+        return int(done[0]["num_affected_rows"]) if done and "num_affected_rows" in done[0] else 0
 
 
 def _set_for_the_job(spark, key: str) -> bool:
