@@ -10,6 +10,7 @@ from herald.engine.rounds import position_rows
 from herald.storage import DeltaRsStore
 from herald.storage.store import Slice
 from herald.storage.tables import OFFSETS
+from tests.support.rounds import TOPIC, job, micro_batch, report
 
 NOW = dt.datetime(2026, 11, 24, tzinfo=dt.timezone.utc)
 
@@ -98,44 +99,7 @@ def test_a_minute_of_rounds_replaced_in_one_commit_leaves_the_rounds_between_the
 
 # -- a position row only when the position moves (real pipeline code, real Delta tables, no Spark) ------------------
 
-TOPIC = "rows.topic"
 PARTITIONS = 12
-
-
-def _job(tmp_path, names=("a", "b")):
-    """A topic of 12 partitions and its subscriptions as a job starts them (start rows at offset 100, where the topic begins and ends),
-    delivered by the real pipeline into delta-rs tables; rounds are written as they end."""
-    from herald.config import load_config
-    from herald.engine.context import EngineContext
-    from herald.engine.retries import RetryDriver
-    from herald.engine.state import StateBook
-    from herald.engine.topic import TopicPipeline
-    from herald.storage import TableWriter
-    from tests.support.herald_env import write_conf
-
-    conf = write_conf(tmp_path, "127.0.0.1:9", TOPIC, {name: {"endpoint": "http://127.0.0.1:9/"} for name in names})
-    config = load_config(conf)
-    store = DeltaRsStore(str(tmp_path / "storage"))
-    context = EngineContext(spark=None, config=config, connector="python", store=store, writer=TableWriter(store))
-    book = StateBook(store, context.writer)
-    states = [book.state_for(s, TOPIC, {p: (100, 100) for p in range(PARTITIONS)}) for s in config.subscriptions]
-    for state in states:
-        book.joined(state)
-    driver = RetryDriver(context)
-    driver.set_active(config.subscriptions)
-    return TopicPipeline(context, config.topics[TOPIC], states, driver)
-
-
-def _report(ranges, lanes, stuck=False):
-    """One task that read all of `ranges`; each lane in `lanes` finished everything, or (`stuck`) attempted
-    nothing (its subscriber holds it back: its position stops at the start of every range)."""
-    from herald.delivery.report import LaneReport, TaskReport
-
-    read = {p: (start, end) for p, (start, end) in ranges.items() if start < end}
-    return TaskReport(progress={p: end for p, (_, end) in read.items()},
-                      firsts={p: start for p, (start, _) in read.items()}, exhausted=True,
-                      lanes={i: LaneReport(stops={p: start for p, (start, _) in read.items()} if stuck else {})
-                             for i in lanes})
 
 
 def _offsets_rows(pipeline) -> list[dict]:
@@ -161,7 +125,7 @@ def test_catch_up_rounds_that_move_no_position_write_no_offsets_row(tmp_path):
     from herald.engine import round_steps as steps
     from herald.engine.rounds import CATCHUP, RoundResult
 
-    pipeline = _job(tmp_path)
+    pipeline = job(tmp_path)
     context, states = pipeline.context, list(pipeline.states.values())
     before = len(_offsets_rows(pipeline))
     assert before == 2 * PARTITIONS, "where each subscription started"
@@ -171,7 +135,7 @@ def test_catch_up_rounds_that_move_no_position_write_no_offsets_row(tmp_path):
             for state in states:
                 state.busy = True
             members = steps.participants(context, enumerate(states), pipeline.retries.parked_count)
-        results = steps.delivered(context, TOPIC, members, ranges, [_report(ranges, range(2), stuck=True)])
+        results = steps.delivered(context, TOPIC, members, ranges, [report(ranges, range(2), stuck=True)])
         with pipeline.lock:
             stamp = pipeline.apply(members, results)
         steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{TOPIC}", batch_id, TOPIC, "test",
@@ -186,14 +150,13 @@ def test_a_micro_batch_writes_the_positions_it_moved_and_no_other(tmp_path):
     """Sparse traffic: every micro-batch of the 12-partition topic has records in one partition only. Each round
     writes one offsets row per subscription (the partition that moved), not twelve; the newest rows are the
     positions, and a restart reads exactly them."""
-    pipeline = _job(tmp_path)
+    pipeline = job(tmp_path)
     before = len(_offsets_rows(pipeline))
     frontier = {p: 100 for p in range(PARTITIONS)}
     for batch_id in range(20):
         busy = batch_id % 3  # a different partition now and then
         ranges = {p: (end, end + (10 if p == busy else 0)) for p, end in frontier.items()}
-        batch = pipeline.begin_batch(batch_id, ranges, f"stream:{TOPIC}", tasks=1, may_replay=False)
-        pipeline.finish_batch(batch, lambda: [_report(ranges, range(2))])
+        micro_batch(pipeline, batch_id, ranges, range(2))
         frontier = {p: end for p, (_, end) in ranges.items()}
     rows = _offsets_rows(pipeline)
     assert len(rows) - before == 2 * 20, "one row per subscription and round: the partition it moved"
@@ -206,25 +169,19 @@ def test_a_replayed_micro_batch_that_moved_no_position_is_delivered_again_and_on
     """The replay check (`TopicPipeline._recorded_before`) looks for the batch's offsets rows. A batch that moved no
     position has none now: its replay is delivered again, which is what the next round would have done (its
     subscriptions are still at its start); a batch that moved one is skipped as before."""
-    from herald.engine.topic import TopicPipeline
-
-    pipeline = _job(tmp_path)
+    pipeline = job(tmp_path)
     writer = f"stream:{TOPIC}"
     ranges = {p: (100, 110 if p == 0 else 100) for p in range(PARTITIONS)}
     batch = pipeline.begin_batch(7, ranges, writer, tasks=1, may_replay=False)
-    pipeline.finish_batch(batch, lambda: [_report(ranges, range(2), stuck=True)])
+    pipeline.finish_batch(batch, lambda: [report(ranges, range(2), stuck=True)])
     _offsets_rows(pipeline)
 
-    def restarted():  # a new process on the same tables
-        job = _job(tmp_path)
-        return TopicPipeline(job.context, job.topic, list(job.states.values()), job.retries)
-
-    again = restarted()
+    again = job(tmp_path)  # a new process on the same tables
     replay = again.begin_batch(7, ranges, writer, tasks=1)
     assert replay is not None and len(replay.participants) == 2, "delivered again to both subscriptions"
-    again.finish_batch(replay, lambda: [_report(ranges, range(2))])  # this time it delivers
+    again.finish_batch(replay, lambda: [report(ranges, range(2))])  # this time it delivers
     _offsets_rows(again)
-    assert restarted().begin_batch(7, ranges, writer, tasks=1) is None, "its positions are written: skipped"
+    assert job(tmp_path).begin_batch(7, ranges, writer, tasks=1) is None, "its positions are written: skipped"
 
 
 def test_a_topic_id_learnt_is_written_once_though_no_position_moves(tmp_path):
@@ -233,13 +190,12 @@ def test_a_topic_id_learnt_is_written_once_though_no_position_moves(tmp_path):
     positions, moved or not; then rounds that move nothing write nothing again."""
     from herald.engine.state import stored_offsets
 
-    pipeline = _job(tmp_path)
+    pipeline = job(tmp_path)
     pipeline.check_log({p: (100, 100) for p in range(PARTITIONS)}, "id-1")
     frontier = {p: 100 for p in range(PARTITIONS)}
     for batch_id in range(3):
         ranges = {p: (end, end + (10 if p == 0 and batch_id == 0 else 0)) for p, end in frontier.items()}
-        batch = pipeline.begin_batch(batch_id, ranges, f"stream:{TOPIC}", tasks=1, may_replay=False)
-        pipeline.finish_batch(batch, lambda: [_report(ranges, range(2))])
+        micro_batch(pipeline, batch_id, ranges, range(2))
         frontier = {p: end for p, (_, end) in ranges.items()}
     rows = _offsets_rows(pipeline)
     assert len(rows) == 2 * PARTITIONS * 2, "the start rows, then every position once, naming the id"
