@@ -15,6 +15,7 @@ from typing import Any
 
 from herald.config import HeraldConfig, Subscription
 from herald.storage import DeltaRsStore
+from herald.storage.store import sql_string
 from herald.storage.tables import ADVISORIES, METRICS, OFFSETS, UNDELIVERED
 
 
@@ -135,13 +136,12 @@ def lag(config: HeraldConfig, subscription: Subscription, timeout_s: float = 3.0
 
 def offsets(config: HeraldConfig, subscription: Subscription) -> list[dict[str, Any]]:
     """Per Kafka partition, the subscription's position: the next offset to read (everything before it is
-    delivered, discarded or parked). `committedAt` is epoch milliseconds."""
-    latest: dict[tuple[str, int], dict] = {}
-    newest = _newest("committed_at")
-    for row in _store(config).read(OFFSETS, subscription.id).to_pylist():
-        key = (row["topic"], row["partition"])
-        if key not in latest or newest(row) > newest(latest[key]):
-            latest[key] = row
+    delivered, discarded or parked), its newest offsets row. `committedAt` is epoch milliseconds: when it last
+    moved."""
+    rows = _store(config).latest(OFFSETS, ("topic", "partition"), "committed_at DESC NULLS LAST, batch_id DESC",
+                                 columns=("topic", "partition", "offset", "batch_id", "committed_at"),
+                                 where=f"subscription = {sql_string(subscription.id)}").to_pylist()
+    latest = {(row["topic"], row["partition"]): row for row in rows}
     return [
         {
             "topic": row["topic"],

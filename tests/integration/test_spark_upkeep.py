@@ -73,6 +73,7 @@ def test_a_new_delta_spark_table_has_herald_properties_takes_merged_rounds_and_m
 def test_delta_spark_deletes_the_same_history_as_delta_rs_and_keeps_where_things_stand(spark, tmp_path):
     """The history retention of a job on delta-spark (its own SQL: backtick identifiers, `DELETE`), over the rows
     test_maintenance.py checks with delta-rs: the same rows are left, read back by either engine."""
+    from herald.engine.state import stored_parked
     from herald.storage import DeltaRsStore
     from herald.storage.history import HistoryRetention, prune
     from herald.storage.tables import METRICS, RETRIES, TRACKING
@@ -89,6 +90,11 @@ def test_delta_spark_deletes_the_same_history_as_delta_rs_and_keeps_where_things
     assert kept(written)[RETRIES] == [(1, 40.0, "PARKED"), (2, 45.0, "HELD"), (4, 1.0, "DISCARDED"),
                                       (5, 2.0, "PARKED")]
     assert standing(written) == before == standing(store)
+
+    def parked(where) -> list:
+        return sorted((r["offset"], r["attempts"], r["body"]) for r in stored_parked(where).to_pylist())
+
+    assert parked(store) == parked(written) == [(1, 2, b"{}"), (5, 1, b"{}")], "a start's read of the parked"
 
 
 def test_a_table_an_older_herald_created_gets_the_properties_from_delta_spark(spark, tmp_path):

@@ -38,8 +38,8 @@ from herald.engine.pinning import Pin, PinNews
 from herald.engine.planner import lane_plan, named
 from herald.engine.priority import HELD
 from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row
-from herald.engine.state import SubscriptionState
-from herald.storage.tables import DELIVERED, DISCARDED, PARKED, RETRIES, epoch_ms
+from herald.engine.state import SubscriptionState, stored_parked
+from herald.storage.tables import DELIVERED, DISCARDED, PARKED, epoch_ms
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class RetryDriver:
     # -- the registry -----------------------------------------------------------------------------------------
     def load(self, topics: dict[str, str]) -> None:
         """Read the messages parked by earlier runs (subscription id -> Kafka topic, for those that exist)."""
-        rows = self.context.store.latest(RETRIES, ("subscription", "partition", "offset"),
-                                         "recorded_at DESC, batch_id DESC")
+        rows = stored_parked(self.context.store)
         loaded = 0
         for batch in rows.to_batches(max_chunksize=10_000):  # to disk in batches: never every body in Python
             by_subscription: dict[tuple[str, str], list[tuple[Record, RetryState]]] = {}

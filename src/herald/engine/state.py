@@ -12,13 +12,15 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
+
 from herald.config import Subscription
 from herald.delivery.clock import wall_clock_ms as _wall_ms
 from herald.delivery.flow import FlowState
 from herald.delivery.message import RetryState
 from herald.engine.rounds import position_rows, state_of_row
 from herald.storage import Slice, TableStore, TableWriter
-from herald.storage.tables import HELD, OFFSETS, RETRIES
+from herald.storage.tables import HELD, OFFSETS, PARKED, RETRIES
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,8 @@ def stored_positions(store: TableStore) -> dict[tuple[str, str], dict[int, int]]
 def stored_offsets(store: TableStore) -> tuple[dict[tuple[str, str], dict[int, int]], dict[tuple[str, str], str]]:
     """(positions, topic ids): (subscription id, Kafka topic) -> partition -> position, the newest offsets row of
     each; and -> the Kafka topic id those rows name, where they name one."""
-    rows = store.latest(OFFSETS, ("subscription", "topic", "partition"), "committed_at DESC, batch_id DESC")
+    rows = store.latest(OFFSETS, ("subscription", "topic", "partition"), "committed_at DESC, batch_id DESC",
+                        columns=("subscription", "topic", "partition", "offset", "topic_id"))
     positions: dict[tuple[str, str], dict[int, int]] = {}
     ids: dict[tuple[str, str], str] = {}
     for row in rows.select(["subscription", "topic", "partition", "offset", "topic_id"]).to_pylist():
@@ -128,10 +131,18 @@ def stored_offsets(store: TableStore) -> tuple[dict[tuple[str, str], dict[int, i
     return positions, ids
 
 
+RETRY_KEY = ("subscription", "partition", "offset")
+RETRY_ORDER = "recorded_at DESC, batch_id DESC"
+_STATE_COLUMNS = ("state", "attempts", "first_read_at", "due_at", "backoff_ms", "http_status", "reason", "targets",
+                  "batch_last_offset", "kafka_topic")
+_PARKED_COLUMNS = ("message_id", "body", "avro", "published_at", "schema_id", "schema_version", "key", "raw_value")
+
+
 def stored_held(store: TableStore) -> dict[str, dict[tuple[int, int], tuple[str | None, RetryState]]]:
     """subscription id -> (partition, offset) -> (its Kafka topic, the retry state) of each message its positions
     stop at (the newest retries row is HELD); the topic is None for rows written before rows named it."""
-    rows = store.latest(RETRIES, ("subscription", "partition", "offset"), "recorded_at DESC, batch_id DESC")
+    rows = store.latest(RETRIES, RETRY_KEY, RETRY_ORDER, columns=RETRY_KEY + _STATE_COLUMNS,
+                        newest_where=f"state = '{HELD}'")
     held: dict[str, dict[tuple[int, int], tuple[str | None, RetryState]]] = {}
     for row in rows.to_pylist():
         if row["state"] != HELD:
@@ -139,6 +150,13 @@ def stored_held(store: TableStore) -> dict[str, dict[tuple[int, int], tuple[str 
         held.setdefault(row["subscription"], {})[(row["partition"], row["offset"])] = (
             row.get("kafka_topic"), state_of_row(row))
     return held
+
+
+def stored_parked(store: TableStore) -> pa.Table:
+    """The parked messages (the newest retries row of each is PARKED): their rows, with what the retry driver
+    needs to send them again (`RetryDriver.load`), not the message's text."""
+    return store.latest_whole(RETRIES, RETRY_KEY, ("recorded_at", "batch_id"),
+                              RETRY_KEY + _STATE_COLUMNS + _PARKED_COLUMNS, f"state = '{PARKED}'")
 
 
 START_BATCH_ID = -1  # offsets rows holding the position a subscription started from

@@ -116,11 +116,33 @@ class TableStore(ABC):
         (at most `at_most` of the newest), read with delta-rs."""
         return DeltaRsStore.read_table_with_log(self.path(table), table, after_version, at_most, self.storage_options())
 
-    def latest(self, table: str, keys: tuple[str, ...], newest_first: str) -> pa.Table:
-        """The newest row (by the SQL ordering `newest_first`) of each distinct `keys` of `table`."""
-        keys_sql = ", ".join(keys)
-        return self.sql(table, f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {keys_sql} "
-                               f"ORDER BY {newest_first}) AS herald_rank FROM {table}) WHERE herald_rank = 1")
+    def latest(self, table: str, keys: tuple[str, ...], newest_first: str, columns: tuple[str, ...] | None = None,
+               where: str | None = None, newest_where: str | None = None) -> pa.Table:
+        """The newest row (by the SQL ordering `newest_first`) of each distinct `keys` of `table`, with `columns`
+        only (None: all; delta-rs gives the others as nulls): both engines read no other column. where: only the
+        rows that match it count; newest_where: only the newest rows that match it are returned (both SQL)."""
+        keys_sql = ", ".join(self.quote(key) for key in keys)
+        shown = "*" if columns is None else ", ".join(self.quote(column) for column in columns)
+        rows = table if where is None else f"(SELECT * FROM {table} WHERE {where})"
+        kept = "" if newest_where is None else f" AND ({newest_where})"
+        return self.sql(table, f"SELECT {shown} FROM (SELECT *, row_number() OVER (PARTITION BY {keys_sql} "
+                               f"ORDER BY {newest_first}) AS herald_rank FROM {rows}) WHERE herald_rank = 1{kept}")
+
+    def latest_whole(self, table: str, keys: tuple[str, ...], order: tuple[str, ...], columns: tuple[str, ...],
+                     newest_where: str) -> pa.Table:
+        """As `latest` (the newest row of each distinct `keys` by `order`, each column descending, if it matches
+        `newest_where`, which names no key or `order` column), for a table with large columns: the newest rows are
+        found on the key, `order` and `newest_where`'s columns alone, then only they are read with `columns` (a join
+        on the key and `order`; rows tied on all of them come back together). A start reads the bodies of the
+        messages parked now, not those of every retries row."""
+        q = self.quote
+        ranked = ", ".join(q(column) for column in (*keys, *order))
+        on = " AND ".join(f"herald_row.{q(column)} = herald_newest.{q(column)}" for column in (*keys, *order))
+        return self.sql(table, (
+            f"SELECT {', '.join(f'herald_row.{q(column)}' for column in columns)} FROM {table} AS herald_row "
+            f"JOIN (SELECT {ranked} FROM (SELECT *, row_number() OVER (PARTITION BY {', '.join(map(q, keys))} "
+            f"ORDER BY {', '.join(f'{q(column)} DESC' for column in order)}) AS herald_rank FROM {table}) "
+            f"WHERE herald_rank = 1 AND ({newest_where})) AS herald_newest ON {on} WHERE {newest_where}"))
 
     def sql(self, table: str, query: str) -> pa.Table:
         """Run a SQL query over `table` (named as itself), with delta-rs; no rows if the table does not exist."""
