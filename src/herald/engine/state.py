@@ -7,7 +7,6 @@ keeps them in `SubscriptionState`s, guarded by the lock of the subscription's to
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -18,9 +17,10 @@ from herald.config import Subscription
 from herald.delivery.clock import wall_clock_ms as _wall_ms
 from herald.delivery.flow import FlowState
 from herald.delivery.message import RetryState
+from herald.engine.context import stamp_ms
 from herald.engine.rounds import position_rows, state_of_row
 from herald.storage import Slice, TableStore, TableWriter
-from herald.storage.tables import HELD, OFFSETS, PARKED, RETRIES
+from herald.storage.tables import HELD, OFFSETS, PARKED, RETRIES, at_ms
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +209,8 @@ class StateBook:
                 positions = {partition: high for partition, (_, high) in marks.items()}
             # a slice of its own per Kafka topic, new to the tables: had it a row, that row would be a position
             writer = f"start:{subscription.id}:{kafka_topic}"
-            self.writer.submit(Slice(writer, START_BATCH_ID), [(OFFSETS, position_rows(
-                subscription.id, kafka_topic, positions, writer, START_BATCH_ID, dt.datetime.now(dt.timezone.utc)))],
+            self.writer.submit(Slice(writer, START_BATCH_ID), [(OFFSETS, position_rows(  # stamped as rounds are
+                subscription.id, kafka_topic, positions, writer, START_BATCH_ID, at_ms(stamp_ms())))],
                 hurry=True, new=True)  # not gathered: a crash before it is written would start it at a later `latest`
             self._stored[(subscription.id, kafka_topic)] = dict(positions)
             log.info("%s starts in %s at the %s offsets %s", subscription.id, kafka_topic,
