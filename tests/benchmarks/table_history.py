@@ -106,8 +106,8 @@ def write_retries(store: TableStore, messages: int, rounds: int) -> None:
         body = [bodies[(k + n) % 997] if s == "PARKED" else None for k, s in zip(key, state)]
         at = START + dt.timedelta(seconds=rounds * n / (RETRY_ROUNDS + 1))
         store.append(RETRIES, full({
-            "subscription": [f"bench.orders.s{k % SUBSCRIPTIONS}" for k in key], "topic_name": ["bench.orders"] * messages,
-            "partition": key % PARTITIONS, "offset": key, "message_id": [f"m{k}" for k in key], "state": state,
+            "subscription": [f"bench.orders.s{k % SUBSCRIPTIONS}" for k in key],
+            "topic_name": ["bench.orders"] * messages, "partition": key % PARTITIONS, "offset": key, "message_id": [f"m{k}" for k in key], "state": state,
             "message": [b.decode() if b else None for b in body], "body": body, "recorded_at": [at] * messages,
             "attempts": [n + 1] * messages, "batch_id": [n] * messages, "writer": ["retry:bench"] * messages},
             RETRIES_SCHEMA))
