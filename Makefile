@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # The Spark Herald's own work runs on (the wheel itself requires none: a cluster's pyspark is the platform's).
 SPARK_PINS := constraints/spark-4.2.txt
 
-.PHONY: install test unit demo bench dist clean compat compat-stack
+.PHONY: install lint test unit demo bench dist clean compat compat-stack
 
 # After pip: the JVM parts, each fetched once from Maven Central into ~/.cache/herald (later runs find them there):
 # Spark's Kafka source and delta-spark, which Herald's local sessions load, and Apache Kafka's own broker, which
@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml $(SPARK_PINS)
 # reorder, most tests first, would put them last), so that both workers end together. The slowest tests listed.
 test: install
 	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=20
+
+# ruff, as configured in pyproject.toml (pip's install only).
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
 
 # The unit tests need no JVM part: pip's install only (no jars, no Kafka download).
 unit: $(STAMP)

@@ -125,7 +125,8 @@ def lag(config: HeraldConfig, subscription: Subscription, timeout_s: float = 3.0
     from herald.source.kafka_offsets import KafkaOffsetsError, partition_watermarks
 
     kafka_topic = config.topic_of(subscription).kafka_topic
-    positions = {row["partition"]: row["offset"] for row in offsets(config, subscription) if row["topic"] == kafka_topic}
+    positions = {row["partition"]: row["offset"] for row in offsets(config, subscription)
+                 if row["topic"] == kafka_topic}
     try:
         marks = partition_watermarks(config.settings.kafka.client_config(), [kafka_topic], timeout_s)[kafka_topic]
     except KafkaOffsetsError as error:

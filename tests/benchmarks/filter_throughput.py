@@ -20,7 +20,8 @@ workers and cached): an order record with a nested user record (name, a ["null",
 Three avropath filters (a plain path, a wildcard with any, a regex on the nullable email) are evaluated
  (a) Herald's way, as its streaming query does for an AVRO topic (herald.engine.query._decoded):
      mapInArrow(decode_batches(AvroSource(schema_json=...))) decodes each record once with fastavro into JSON
-     text, then filter_column(rules, "json", "headers") as a projected column -> count (an empty headers array rides along);
+     text, then filter_column(rules, "json", "headers") as a projected column -> count (an empty headers array
+     rides along);
  (b) the per-row Python way, in one driver thread on a sample (rows/s extrapolated): fastavro.schemaless_reader
      and herald.filters.evaluate (the reference avropath evaluator) on the decoded dict.
 Decoding is Python work in BOTH paths, so the Avro ratio is bounded by the decode cost: the 10x target is for the
@@ -52,10 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from herald.session import get_or_create_session  # noqa: E402
 from herald.filters import FilterRule, evaluate, filter_column  # noqa: E402
 from herald.filters.compile import python_udf_column  # noqa: E402
 from herald.filters.targets import with_targets  # noqa: E402
+from herald.session import get_or_create_session  # noqa: E402
 
 RULES = [
     FilterRule("jsonpath", "PL|DE", path="$.user.country"),
@@ -75,7 +76,8 @@ def herald_matches(frame, condition):
 def messages(spark, rows: int, kind: bool = False):
     """ROWS JSON messages of about 330 bytes; every 4th user is in each country, addresses vary by row. With
     `kind`, each starts with a `"kind": "event.<n>"` member (n < 20)."""
-    pick = lambda values, modulo: F.element_at(F.array(*[F.lit(v) for v in values]), (F.col("id") % modulo + 1).cast("int"))  # noqa: E731
+    def pick(values, modulo):
+        return F.element_at(F.array(*[F.lit(v) for v in values]), (F.col("id") % modulo + 1).cast("int"))
     head, head_args = ('{"kind": "event.%d", ', [F.col("id") % 20]) if kind else ("{", [])
     text = F.format_string(
         head + '"id": %d, "type": "order.%s", "amount": %d.25, "user": {"name": "user%d", '

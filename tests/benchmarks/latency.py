@@ -95,9 +95,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from confluent_kafka import Producer
+    from serial_throughput import free_port  # noqa: E402 - sibling benchmark
 
     from herald.broker import EmbeddedBroker
-    from serial_throughput import free_port  # noqa: E402 - sibling benchmark
 
     root = Path(tempfile.mkdtemp(prefix="herald-latency-bench-"))
     broker = EmbeddedBroker(root / "broker", port=free_port())

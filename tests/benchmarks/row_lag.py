@@ -150,10 +150,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from confluent_kafka import Producer
+    from serial_throughput import free_port  # noqa: E402 - sibling benchmark
 
     from herald.broker import EmbeddedBroker
     from herald.storage.tables import OFFSETS
-    from serial_throughput import free_port  # noqa: E402 - sibling benchmark
 
     root = Path(tempfile.mkdtemp(prefix="herald-row-lag-bench-"))
     broker = EmbeddedBroker(root / "broker", port=free_port())

@@ -33,7 +33,7 @@ from herald.delivery.input import InputBatch  # noqa: E402
 from herald.delivery.message import Record, message_id  # noqa: E402
 from herald.delivery.plan import TaskPlan  # noqa: E402
 from herald.delivery.sender import TaskSender  # noqa: E402
-from tests.support.delivery import retry_policy, lane_plan
+from tests.support.delivery import lane_plan, retry_policy
 
 BODY = json.dumps({"type": "order.created", "note": "x" * 170}).encode()
 

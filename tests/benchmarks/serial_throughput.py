@@ -921,7 +921,8 @@ def main() -> None:
     parser.add_argument("--log-ids", action="store_true", help="nginx logs each Hermes-Message-Id (buffered) "
                         "and the distinct ids per run are counted (slightly slows the sink)")
     parser.add_argument("--kafka-partitioner", action="store_true", help="produce with the client's default "
-                        "partitioner (sticky: partitions of very unequal size) instead of message i to partition i %% 4")
+                        "partitioner (sticky: partitions of very unequal size) instead of message i to partition "
+                        "i %% 4")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (conf, logs, tables)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     parser.add_argument("--role", default="orchestrate",

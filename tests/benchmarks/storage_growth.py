@@ -52,13 +52,13 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from herald.engine.rounds import position_rows  # noqa: E402
 from herald.config.settings import StorageSettings  # noqa: E402
+from herald.engine.rounds import position_rows  # noqa: E402
+from herald.storage.lease import RENEW_S, TTL_S  # noqa: E402
 from herald.storage.properties import CHECKPOINT_INTERVAL  # noqa: E402
 from herald.storage.store import COMPACT_TARGET_BYTES, DEFAULT_RETENTION_HOURS, Slice, Slices, TableStore  # noqa: E402
-from herald.storage.lease import RENEW_S, TTL_S  # noqa: E402
-from herald.storage.writer import MAX_PENDING_ROUNDS  # noqa: E402
 from herald.storage.tables import LEASES, LEASES_SCHEMA, METRICS, METRICS_SCHEMA, OFFSETS  # noqa: E402
+from herald.storage.writer import MAX_PENDING_ROUNDS  # noqa: E402
 
 SUBSCRIPTIONS, PARTITIONS = 10, 4
 DAY_S = 86_400

@@ -107,7 +107,8 @@ def write_retries(store: TableStore, messages: int, rounds: int) -> None:
         at = START + dt.timedelta(seconds=rounds * n / (RETRY_ROUNDS + 1))
         store.append(RETRIES, full({
             "subscription": [f"bench.orders.s{k % SUBSCRIPTIONS}" for k in key],
-            "topic_name": ["bench.orders"] * messages, "partition": key % PARTITIONS, "offset": key, "message_id": [f"m{k}" for k in key], "state": state,
+            "topic_name": ["bench.orders"] * messages, "partition": key % PARTITIONS, "offset": key,
+            "message_id": [f"m{k}" for k in key], "state": state,
             "message": [b.decode() if b else None for b in body], "body": body, "recorded_at": [at] * messages,
             "attempts": [n + 1] * messages, "batch_id": [n] * messages, "writer": ["retry:bench"] * messages},
             RETRIES_SCHEMA))
@@ -188,14 +189,14 @@ def main() -> None:
             positions = {(r["subscription"], r["partition"]): r["offset"] for r in old_stored_offsets(old)}
             assert positions == {(sid, p): offset for (sid, _), by_partition in stored_offsets(new)[0].items()
                                  for p, offset in by_partition.items()}, "both give the same positions"
-            read_old = best_s(lambda: old_stored_offsets(old))
-            read_projected = best_s(lambda: stored_offsets(old))
-            read_new = best_s(lambda: stored_offsets(new))
+            read_old = best_s(lambda old=old: old_stored_offsets(old))
+            read_projected = best_s(lambda old=old: stored_offsets(old))
+            read_new = best_s(lambda new=new: stored_offsets(new))
             print(f"start read of offsets ({name}): before {read_old:.3f} s ({rows_of(before, OFFSETS):,} rows), "
                   f"after {read_new:.3f} s ({rows_of(after, OFFSETS):,} rows) (ratio {read_old / read_new:.1f}; "
                   f"the columns alone on the old table: {read_projected:.3f} s)")
-            retries_old = best_s(lambda: old_stored_retries(old))
-            retries_new = best_s(lambda: new_stored_retries(new))
+            retries_old = best_s(lambda old=old: old_stored_retries(old))
+            retries_new = best_s(lambda new=new: new_stored_retries(new))
             print(f"start read of retries ({name}): before {retries_old:.3f} s, after {retries_new:.3f} s "
                   f"(ratio {retries_old / retries_new:.1f}; {rows_of(before, RETRIES):,} rows)", flush=True)
     finally:

@@ -88,7 +88,8 @@ def test_registry_topic_decodes_old_and_new_schemas_and_sends_schema_headers(bro
     versions = {(r.headers["Schema-Id"], r.headers["Schema-Version"]) for r in as_avro}
     assert versions == {(str(v1), "1"), (str(v2), "2")}
     decoded = [fastavro.schemaless_reader(io.BytesIO(r.body),
-                                          fastavro.parse_schema(ORDER if r.headers["Schema-Id"] == str(v1) else ORDER_V2))
+                                          fastavro.parse_schema(ORDER if r.headers["Schema-Id"] == str(v1)
+                                                                else ORDER_V2))
                for r in as_avro]
     assert sorted(d["id"] for d in decoded) == list(range(20)), "plain Avro binary, without the wire-format prefix"
     # one call per schema id per executor process (local[2] runs at most a few workers), never per record

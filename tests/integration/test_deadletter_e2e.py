@@ -54,7 +54,8 @@ def test_discarded_messages_are_published_with_key_value_and_headers(broker, spa
     for letter in letters:
         headers = {name: value.decode() for name, value in letter.headers()}
         row = undelivered[(int(headers["herald.original.partition"]), int(headers["herald.original.offset"]))]
-        assert letter.value().decode() == row["message"] and letter.key() == str(json.loads(row["message"])["i"]).encode()
+        assert letter.value().decode() == row["message"]
+        assert letter.key() == str(json.loads(row["message"])["i"]).encode()
         assert headers["herald.reason"] == row["reason"] == "Message sending failed with status code:400"
         assert headers["herald.http.status"] == "400" and headers["herald.subscription"] == f"{topic_name}.a"
         assert headers["herald.original.topic"] == topic_name and headers["id"] == row["message_id"]

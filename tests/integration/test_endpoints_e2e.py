@@ -12,9 +12,9 @@ import pytest
 from herald import readout
 from herald.config import load_config
 from herald.engine.runner import Runner
-from tests.support.herald_env import produce, write_conf
 from herald.storage import DeltaRsStore
 from herald.storage.tables import RETRIES, UNDELIVERED
+from tests.support.herald_env import produce, write_conf
 from tests.support.subscriber import Received, Reply, ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

@@ -8,10 +8,10 @@ import json
 import pytest
 import yaml
 
+from herald import readout
 from herald.config import load_config
 from herald.delivery.message import message_id
 from herald.engine.runner import Runner
-from herald import readout
 from herald.source.kafka_offsets import partition_watermarks
 from tests.support.herald_env import produce, write_conf
 from tests.support.subscriber import Reply, ScriptedSubscriber
@@ -64,7 +64,7 @@ def test_pipeline_delivers_filters_retries_discards_and_records_everything(broke
     assert set(received) == {d["i"] for d in kept}, "every kept message, and only those, reached the subscriber"
     assert sub.delivered_ids() == {d["i"] for d in kept} - rejected
 
-    for i, requests in received.items():
+    for _i, requests in received.items():
         ids = {r.message_id for r in requests}
         assert len(ids) == 1, "retries carry the same Hermes-Message-Id"
         assert [r.headers["Hermes-Retry-Count"] for r in requests] == [str(n) for n in range(len(requests))]

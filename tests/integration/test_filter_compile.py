@@ -301,7 +301,8 @@ CROSS_PATHS = [
     "$.user.meta.c", "$.user.meta.c[2]", "$.user.nothing", "$.user.tags[0]", "$.user.addresses",
     "$.user.addresses[*].country", "$.user.addresses.*.country", "$.user.addresses[1].country",
     "$.user.addresses[*]", "$.user.addresses[*].*", "$.addresses.*.country", "$.items[*]", "$.items.*",
-    "$.items[*][*]", "$.items[0][1]", "$.items[1]", "$.items[*][0]", "$.orders[*].lines[*].sku", "$.orders.*.lines.*.sku", "$.orders[*].lines",
+    "$.items[*][*]", "$.items[0][1]", "$.items[1]", "$.items[*][0]", "$.orders[*].lines[*].sku",
+    "$.orders.*.lines.*.sku", "$.orders[*].lines",
     "$[*].country", "$[1].country", "$.*", "$.*.*", "$['odd keys'].*", "$.a[*].b[*]", "$.a[*].b[0]",
 ]
 CROSS_MATCHERS = [".*", "GB|PL|A[0-9]|x|y|z|null", "[^\\n]*[0-9][^\\n]*", "\\{.*\\}|\\[.*\\]"]

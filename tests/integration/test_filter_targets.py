@@ -13,7 +13,8 @@ from pyspark.sql import functions as F
 
 from herald.filters import FilterError, FilterRule, evaluate, filter_column
 from herald.filters.targets import with_targets
-from tests.integration.test_avropath_compile import DECODED, JSON_TEXT, headers_of as avro_headers_of
+from tests.integration.test_avropath_compile import DECODED, JSON_TEXT
+from tests.integration.test_avropath_compile import headers_of as avro_headers_of
 
 pytestmark = pytest.mark.spark
 

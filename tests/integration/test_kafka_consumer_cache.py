@@ -97,7 +97,7 @@ def consumer_stats_source():
             return self.kafka_reader.partitions()
 
         def read(self, partition):
-            from herald.source.consumers import CONSUMERS as worker_consumers
+            from herald.source.consumers import CONSUMERS as worker_consumers  # noqa: N811 - a worker's copy
 
             rows = sum(batch.num_rows for batch in self.kafka_reader.read(partition))
             stats = worker_consumers.stats()

@@ -13,8 +13,8 @@ from herald.cli import main
 from herald.engine.rounds import position_rows
 from herald.storage import DeltaRsStore
 from herald.storage.maintenance import PeriodicMaintenance, maintain_tables
-from herald.storage.store import Slice
 from herald.storage.properties import table_properties
+from herald.storage.store import Slice
 from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
 from tests.support.herald_env import write_conf
 from tests.support.history_rows import CLOCK_MS, HOUR_MS, history, kept, standing

@@ -55,7 +55,8 @@ def test_several_topics_in_one_projection_give_each_row_its_own_topics_projectio
     config = load_config(write_topics_conf(tmp_path, "127.0.0.1:9", layout))
     topics = sorted(LAYOUT)
     rounds = [(config.topics[name], [s for s in config.subscriptions if s.topicName == name]) for name in topics]
-    raw = spark.createDataFrame(_rows(topics), KAFKA_ROWS).withColumn("timestamp", F.timestamp_seconds(F.col("offset") + 1_790_000_000))
+    raw = spark.createDataFrame(_rows(topics), KAFKA_ROWS).withColumn(
+        "timestamp", F.timestamp_seconds(F.col("offset") + 1_790_000_000))
 
     together = {(row["round"], row["partition"], row["offset"]): row.asDict()
                 for row in project_topics(raw, config, rounds).collect()}

@@ -90,9 +90,9 @@ def test_a_round_records_delivered_discarded_and_retrying_messages_each_once(tmp
 def test_parked_messages_reach_the_retry_driver_only_after_their_parked_rows(tmp_path):
     """A round's parked messages go to the retry driver once its rows are handed to the writer, and a retry
     round's rows are stamped later: however fast the retry, a message's newest row is its latest state."""
+    from herald.engine import round_steps as steps
     from herald.engine.fanout import Participant
     from herald.engine.planner import lane_plan
-    from herald.engine import round_steps as steps
     from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome
     from herald.engine.state import SubscriptionState
     from herald.engine.topic import TopicPipeline
@@ -157,7 +157,8 @@ def test_a_carried_state_the_position_passes_ends_with_what_really_happened_to_i
     says DELIVERED only when the lane delivered it, DISCARDED when it gave it up, nothing when it was parked
     (its PARKED row is its state), and RELEASED when the round never attempted it (its filter no longer passes
     it, Kafka deleted it)."""
-    from herald.delivery.report import DISCARDED as DISCARDED_STEP, SUCCESS
+    from herald.delivery.report import DISCARDED as DISCARDED_STEP
+    from herald.delivery.report import SUCCESS
     from herald.engine.fanout import Participant
     from herald.engine.planner import lane_plan
     from herald.engine.rounds import SubscriptionOutcome
@@ -190,8 +191,6 @@ def test_a_replayed_micro_batch_recorded_before_the_crash_keeps_its_parked_and_u
     the batch's rows with an empty round's: the undelivered row and the PARKED row stay, nothing is sent twice."""
     import os
 
-    from herald.engine import round_steps as steps
-    from herald.engine.rounds import RoundResult, SubscriptionOutcome
     from herald.storage.tables import UNDELIVERED
 
     broker.create_topics({topic_name: 1})
@@ -263,7 +262,7 @@ def test_parked_messages_of_a_topics_old_log_end_discarded_before_a_new_message_
     store = DeltaRsStore(str(tmp_path / "storage"))
     discarded = sorted((r["offset"], r["message_id"], r["message"], r["ended_by"], r["reason"])
                        for r in store.read(UNDELIVERED).to_pylist())
-    assert discarded == [(offset, f"m{offset}", '{"n": %d}' % offset, "reset", "the topic was created again")
+    assert discarded == [(offset, f"m{offset}", f'{{"n": {offset}}}', "reset", "the topic was created again")
                          for offset in (2, 3, 4)]
     assert driver.parked_count(subscription.id) == 3, "0 and 1 of the old log, and the new message at 3"
     newest = {r["offset"]: r for r in store.latest(RETRIES, ("subscription", "partition", "offset"),

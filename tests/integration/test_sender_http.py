@@ -22,7 +22,7 @@ from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.policy import EndedBy
 from herald.delivery.sender import TaskSender
 from herald.delivery.transport import open_transport
-from tests.support.delivery import retry_policy, lane_plan
+from tests.support.delivery import lane_plan, retry_policy
 from tests.support.subscriber import Reply, ScriptedSubscriber
 
 _offsets = itertools.count()
@@ -87,7 +87,7 @@ def test_classification_rows_over_http(transport_kind, retry_client_errors):
         records = [record({"i": name, "replies": replies}) for name, replies, *_ in rows]
         report = deliver(transport_kind, plan_for(sub.url, retry=retry), records)
     seen = attempts_by_message(sub)
-    for name, _, _, delivered, attempts in rows:
+    for name, _, _, _delivered, attempts in rows:
         assert len(seen[name]) == attempts, name
     discarded = {json.loads(item.message)["i"]: item for item in report.discarded}
     assert set(discarded) == {name for name, _, _, delivered, _ in rows if not delivered}
@@ -148,7 +148,8 @@ def test_ttl_discards_with_the_last_reason(transport_kind):
 
 def test_max_attempts_discards(transport_kind):
     with ScriptedSubscriber() as sub:
-        report = deliver(transport_kind, plan_for(sub.url, retry=retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=3)),
+        report = deliver(transport_kind, plan_for(sub.url, retry=retry_policy(message_ttl_s=10, backoff_s=0.01,
+                                                                              max_attempts=3)),
                          [record({"i": 1, "replies": [[500]]})])
     assert len(sub.requests) == 3 and report.discarded[0].ended_by == EndedBy.MAX_ATTEMPTS
 
@@ -184,7 +185,8 @@ def test_socket_timeout_is_an_idle_limit(transport_kind):
 def test_connection_refused_is_an_other_error(transport_kind):
     with ScriptedSubscriber() as sub:
         dead_url = sub.url
-    report = deliver(transport_kind, plan_for(dead_url, retry=retry_policy(message_ttl_s=10, backoff_s=0.01, max_attempts=2)),
+    report = deliver(transport_kind, plan_for(dead_url, retry=retry_policy(message_ttl_s=10, backoff_s=0.01,
+                                                                           max_attempts=2)),
                      [record({"i": 1})])
     assert report.counters.other_errors == 2 and "Connection error" in report.discarded[0].reason
 

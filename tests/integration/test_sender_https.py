@@ -235,7 +235,8 @@ def _conf(root, pki: TestPki, url: str):
     (conf / "topics" / "t.yaml").write_text("name: g.t\n")
     (conf / "subscriptions" / "inherits.yaml").write_text(f"topicName: g.t\nname: inherits\nendpoint: {url}/inherits\n"
                                                           "subscriptionPolicy: {maxAttempts: 1}\n")
-    (conf / "subscriptions" / "overrides.yaml").write_text(f"topicName: g.t\nname: overrides\nendpoint: {url}/overrides\n"
+    (conf / "subscriptions" / "overrides.yaml").write_text(
+        f"topicName: g.t\nname: overrides\nendpoint: {url}/overrides\n"
                                                            "subscriptionPolicy: {maxAttempts: 1}\n"
                                                            "tls: {caBundle: certs/other-ca.pem}\n")
     return conf

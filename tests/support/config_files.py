@@ -29,7 +29,8 @@ owner: {source: Plaintext, id: Billing}
 """
 
 
-def write_conf(root: Path, settings: str = SETTINGS, topics: dict | None = None, subscriptions: dict | None = None) -> Path:
+def write_conf(root: Path, settings: str = SETTINGS, topics: dict | None = None,
+               subscriptions: dict | None = None) -> Path:
     conf = root / "conf"
     (conf / "topics").mkdir(parents=True)
     (conf / "subscriptions").mkdir()

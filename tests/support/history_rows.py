@@ -10,8 +10,20 @@ import pyarrow as pa
 from herald.engine.rounds import position_rows
 from herald.engine.state import stored_held, stored_offsets
 from herald.storage.store import TableStore
-from herald.storage.tables import (ADVISORIES, ADVISORIES_SCHEMA, METRICS, METRICS_SCHEMA, OFFSETS, RETRIES,
-                                   RETRIES_SCHEMA, TRACKING, TRACKING_SCHEMA, UNDELIVERED, UNDELIVERED_SCHEMA, at_ms)
+from herald.storage.tables import (
+    ADVISORIES,
+    ADVISORIES_SCHEMA,
+    METRICS,
+    METRICS_SCHEMA,
+    OFFSETS,
+    RETRIES,
+    RETRIES_SCHEMA,
+    TRACKING,
+    TRACKING_SCHEMA,
+    UNDELIVERED,
+    UNDELIVERED_SCHEMA,
+    at_ms,
+)
 
 HOUR_MS = 3_600_000
 CLOCK_MS = int(dt.datetime(2026, 11, 24, 12, tzinfo=dt.timezone.utc).timestamp() * 1000)  # the pass's "now"

@@ -263,7 +263,7 @@ class KafkaBroker:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
         wanted = [NewTopic(name, num_partitions=count, replication_factor=1, config=(configs or {}).get(name, {}))
                   for name, count in partitions_by_topic.items() if name not in existing]
-        for name, future in (admin.create_topics(wanted, operation_timeout=timeout_s).items() if wanted else ()):
+        for _name, future in (admin.create_topics(wanted, operation_timeout=timeout_s).items() if wanted else ()):
             future.result()
         for name, count in partitions_by_topic.items():
             self._wait_for(lambda n=name, c=count: self._leaders(n) >= c, timeout_s, f"topic {name} has no leaders")

@@ -57,7 +57,7 @@ class SchemaRegistryServer:
     def register(self, subject: str, schema: dict | str) -> int:
         text = schema if isinstance(schema, str) else json.dumps(schema)
         with self._lock:
-            for schema_id, known in self.schemas.items():
+            for _schema_id, known in self.schemas.items():
                 if known == text:
                     break
             else:

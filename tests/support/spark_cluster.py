@@ -108,7 +108,7 @@ class SparkCluster:
         return env
 
     def _launch(self, name: str, arguments: list[str]) -> subprocess.Popen:
-        log = open(self.work / f"{name}.log", "w")  # noqa: SIM115 - the process writes to it until it ends
+        log = open(self.work / f"{name}.log", "w")  # the process writes to it until it ends
         try:
             return subprocess.Popen([str(spark_class()), *arguments], stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=self._environment(), cwd=self.work,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from herald.avro.decode import AvroSource, DecodeError, decode_batches
 from herald.avro import registry as registry_module
+from herald.avro.decode import AvroSource, DecodeError, decode_batches
 from herald.avro.jvm import SUBJECT_RETRY_S, SUBJECT_TTL_S, RegistryPlans
 from herald.avro.registry import RegistryUnavailableError, SchemaRegistryError, clear_cache
 from herald.engine.catchup import failure_backoff_s

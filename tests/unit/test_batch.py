@@ -12,8 +12,8 @@ from herald.delivery.outcome import FailureKind, TransportFailure
 from herald.delivery.policy import EndedBy
 from herald.delivery.spec import BatchSpec
 from herald.delivery.transport import HttpAnswer
-from tests.support.fake_transport import FakeClock, ok
 from tests.support.delivery import TOPIC, batch, lane, lane_report, record, retry_policy, run
+from tests.support.fake_transport import FakeClock, ok
 
 SUBSCRIPTION = "g.t.s"
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 from herald.delivery.plan import Target
 from herald.delivery.report import TaskReport
 from herald.delivery.transport import HttpAnswer
-from tests.support.fake_transport import FakeClock
 from tests.support.delivery import batch, lane, lane_report, record, retry_policy, run
+from tests.support.fake_transport import FakeClock
 
 A, B = Target("http://a/", shown="http://a/"), Target("http://b/", shown="http://u:*****@b/")
 
@@ -109,7 +109,7 @@ def test_a_parked_member_resumes_at_its_endpoint_by_name_when_the_set_changed_an
     members only, never for a new message."""
     from herald.engine.planner import named, placed
 
-    C = Target("http://c/", shown="http://c/")
+    C = Target("http://c/", shown="http://c/")  # noqa: N806 - named as the module's A and B are
     clock = FakeClock()
     retry = retry_policy(message_ttl_s=600, backoff_s=2.0)
     report, _, _ = run({0: lane(targets=(A, B), broadcast=True, retry=retry, inflight=4)},

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import importlib
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from tests.support.spark_connect import ConnectSession, conf_dir

@@ -98,7 +98,7 @@ def test_unknown_keys_of_the_new_sections_are_refused(tmp_path):
 
 def test_settings_are_frozen():
     settings = StreamingSettings()
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen-instance error, whatever its class
         settings.batchDeadlineMs = 5  # type: ignore[misc]
     assert HeraldSettings.model_fields["delivery"].default == DeliverySettings()
 

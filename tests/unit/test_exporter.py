@@ -4,8 +4,6 @@ scrape."""
 
 from __future__ import annotations
 
-
-
 from herald.config.model import Subscription
 from herald.delivery.flow import FlowMode, FlowState
 from herald.delivery.report import LaneCounters

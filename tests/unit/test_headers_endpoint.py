@@ -42,7 +42,8 @@ def test_passwords_never_show():
     assert endpoint.masked == "https://bob:*****@h.example/x"
     text = "failed to reach http://bob:hunter2@h.example/x and https://u:v@other/y"
     assert mask_secrets(text) == "failed to reach http://bob:*****@h.example/x and https://u:*****@other/y"
-    assert mask_secrets("lookup http://:token@lookup.example/x failed") == "lookup http://:*****@lookup.example/x failed"
+    assert mask_secrets("lookup http://:token@lookup.example/x failed") == \
+        "lookup http://:*****@lookup.example/x failed"
 
 
 @pytest.mark.parametrize("raw", ["ftp://h/x", "http://", "not a url", "http://h:99999/"])

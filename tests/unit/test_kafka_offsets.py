@@ -89,7 +89,7 @@ def test_repeated_splits_drain_every_partition():
     start = {"t": {"0": 0, "1": 0, "2": 0}}
     latest = {"t": {"0": 1, "1": 17, "2": 17}}
     batches = 0
-    for batches in itertools.count(1):
+    for _batches in itertools.count(1):
         end = split_read_limit(start, latest, 10)
         assert 0 < _total(start, end) <= 10
         start = end

@@ -11,9 +11,9 @@ import pytest
 from herald.config import ConfigError, load_config
 from herald.delivery.oauth import TokenCache, TokenError, TokenSource, Wait
 from herald.delivery.transport import HttpAnswer
-from tests.support.fake_transport import FakeClock
 from tests.support.config_files import SETTINGS, SUBSCRIPTION, write_conf
 from tests.support.delivery import batch, lane, lane_report, record, retry_policy, run
+from tests.support.fake_transport import FakeClock
 
 SOURCE = TokenSource(provider="p", token_endpoint="http://127.0.0.1:9/token", client_id="herald",
                      client_secret="s3cret-client", grant_type="clientCredentials", initial_delay_s=1.0,

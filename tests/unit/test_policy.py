@@ -68,7 +68,8 @@ def test_retry_after_beyond_ttl_discards_at_once():
 
 
 def test_a_zero_ttl_gives_up_after_the_first_attempt():
-    step = retry_policy(message_ttl_s=0, backoff_s=0.001).after_failure(FAIL, 1, first_read_at=0, previous_backoff_s=None,
+    step = retry_policy(message_ttl_s=0, backoff_s=0.001).after_failure(FAIL, 1, first_read_at=0,
+                                                                         previous_backoff_s=None,
                                                                       now=0)
     assert step == GiveUp("Message sending failed with status code:500", EndedBy.TTL)
 

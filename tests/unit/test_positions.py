@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 import pytest
 
 from herald.delivery.report import LaneReport, TaskReport

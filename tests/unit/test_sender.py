@@ -20,6 +20,7 @@ from tests.support.clock import FakeClock
 from tests.support.delivery import TOPIC, batch, by_url, lane, lane_report, record, retry_policy, run, scripted
 from tests.support.fake_transport import ok
 
+
 # -- delivery and fan-out ---------------------------------------------------------------------------------------
 def test_each_row_goes_to_the_lanes_its_filters_passed_with_the_attempt_headers():
     rows = [(record(0, o), (0, 1) if o % 2 == 0 else (1,)) for o in range(10)]

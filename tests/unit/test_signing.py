@@ -16,9 +16,9 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from herald.config import ConfigError, load_config
 from herald.delivery.signing import signature, signature_lines, signing_key
 from herald.delivery.transport import HttpAnswer
-from tests.support.fake_transport import FakeClock
 from tests.support.config_files import SUBSCRIPTION, write_conf
 from tests.support.delivery import batch, lane, record, retry_policy, run
+from tests.support.fake_transport import FakeClock
 
 RAW = "a-raw-secret-of-32-bytes-long-ok"
 ENCODED = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -67,7 +67,8 @@ def test_bad_secrets_are_refused(secret, why):
 
 def test_the_config_names_a_bad_secret_by_file_and_key_and_never_shows_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HOOK_SECRET", "tooshort-secret")
-    conf = write_conf(tmp_path, subscriptions={"billing": SUBSCRIPTION + "signing: {secrets: ['${env:HOOK_SECRET}']}\n"})
+    signed = SUBSCRIPTION + "signing: {secrets: ['${env:HOOK_SECRET}']}\n"
+    conf = write_conf(tmp_path, subscriptions={"billing": signed})
     with pytest.raises(ConfigError) as caught:
         load_config(conf)
     (problem,) = caught.value.problems
@@ -77,7 +78,8 @@ def test_the_config_names_a_bad_secret_by_file_and_key_and_never_shows_it(tmp_pa
 
 def test_a_valid_secret_is_loaded_and_never_shown(tmp_path, monkeypatch):
     monkeypatch.setenv("HOOK_SECRET", RAW)
-    conf = write_conf(tmp_path, subscriptions={"billing": SUBSCRIPTION + "signing: {secrets: ['${env:HOOK_SECRET}']}\n"})
+    signed = SUBSCRIPTION + "signing: {secrets: ['${env:HOOK_SECRET}']}\n"
+    conf = write_conf(tmp_path, subscriptions={"billing": signed})
     subscription = load_config(conf).subscription("shop.orders.billing")
     assert subscription.signing.keys() == (RAW.encode(),)
     for shown in (repr(subscription), str(subscription), repr(subscription.signing), str(subscription.model_dump())):

@@ -20,7 +20,6 @@ from herald.session import (
 from tests.support.spark_connect import ConnectSession, conf_dir
 
 
-
 class ClassicSession:
     __module__ = "pyspark.sql.session"
 

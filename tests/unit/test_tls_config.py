@@ -30,7 +30,8 @@ def pki(tmp_path_factory) -> TestPki:
 def conf_with(tmp_path, pki: TestPki, settings_tls: str = "", subscription_tls: str = "", plain_key: bool = False):
     """A conf directory with the test PKI's files in conf/certs (plain-key.pem: another, unencrypted key)."""
     conf = write_conf(tmp_path, settings=SETTINGS + (f"delivery:\n  tls: {settings_tls}\n" if settings_tls else ""),
-                      subscriptions={"billing": SUBSCRIPTION + (f"tls: {subscription_tls}\n" if subscription_tls else "")})
+                      subscriptions={"billing": SUBSCRIPTION + (f"tls: {subscription_tls}\n"
+                                                                  if subscription_tls else "")})
     (conf / "certs").mkdir()
     for path in pki.directory.glob("*.pem"):
         (conf / "certs" / path.name).write_bytes(path.read_bytes())

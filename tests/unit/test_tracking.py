@@ -12,8 +12,8 @@ from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TaskReport
 from herald.delivery.transport import HttpAnswer
 from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, table_rows
 from herald.storage.tables import TRACKING
-from tests.support.fake_transport import FakeClock
 from tests.support.delivery import batch, lane, lane_report, record, run, scripted
+from tests.support.fake_transport import FakeClock
 
 
 def steps(report, index=0):

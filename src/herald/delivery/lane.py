@@ -35,8 +35,8 @@ from herald.delivery.clock import Instant
 from herald.delivery.flow import MAX_TURNS_RATE_PER_S, FlowController, RateCap, Turns
 from herald.delivery.message import Record
 from herald.delivery.oauth import TOKENS, TokenCache, TokenError, Wait
-from herald.delivery.pin import PinWatch
 from herald.delivery.outcome import TransportFailure, Verdict, classify
+from herald.delivery.pin import PinWatch
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy, GiveUp, Retry
 from herald.delivery.report import DISCARDED, FAILED, FILTERED, INFLIGHT, SUCCESS, Carried, LaneReport, Parked

@@ -158,7 +158,8 @@ class TaskSender:
                 if at >= next_sweep:
                     next_sweep = at + _SWEEP_S
                     self._sweep(now, reader.done)
-                if reader.done and transport.open == 0 and all(l.finished or l.settled for l in self.lanes.values()):
+                if reader.done and transport.open == 0 and all(lane.finished or lane.settled
+                                                               for lane in self.lanes.values()):
                     return
             wait_s = min(_IDLE_WAIT_S, abort_at - at) if stopping else self._wait_s(at, deadline, next_sweep, reader)
             if transport.open:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from herald.config import Subscription
 from herald.delivery.flow import FlowMode, FlowState, FlowWindow

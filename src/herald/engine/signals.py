@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from herald.delivery.plan import TaskPlan
 from herald.delivery.report import SUCCESS
 from herald.engine import moves
 from herald.engine import round_steps as steps
-from herald.engine.resets import PendingReset, TopicReset, find_reset, known_ends, reset_subscription, went_back
 from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.fanout import Participant
 from herald.engine.positions import behind
+from herald.engine.resets import PendingReset, TopicReset, find_reset, known_ends, reset_subscription, went_back
 from herald.engine.rounds import (
     STREAM,
     RoundResult,
@@ -236,9 +236,10 @@ class TopicPipeline:
         self._moved.append((Slice(reset_writer(state.id), reset.found_ms), lambda _: tables, True, True))
         # a round ending now (the one this reset waited for) parks what it read of the old log after this: those
         # end too, when the moves are written (after the round's rows)
-        subscription, firsts, reason = state.subscription, {p: part.first_gone for p, part in reset.partitions.items()}, \
-            f"Kafka topic {self.kafka_topic}: {reset.describe()}; the offset of this parked message belongs to a " \
-            "message of the new log now"
+        subscription = state.subscription
+        firsts = {p: part.first_gone for p, part in reset.partitions.items()}
+        reason = (f"Kafka topic {self.kafka_topic}: {reset.describe()}; the offset of this parked message belongs to a "
+                  "message of the new log now")
 
         def parked_since(_):
             late, late_stamp = self.retries.end_old_log(self.kafka_topic, firsts, reason, subscription)

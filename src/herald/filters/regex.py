@@ -107,7 +107,8 @@ def translate(pattern: str) -> tuple[str, list[str]]:
             continue
         if in_class:
             if char == "[" or pattern.startswith("&&", i):
-                java_only.append("character class union/intersection " + pattern[class_start : pattern.find("]", i) + 1])
+                java_only.append("character class union/intersection "
+                                 + pattern[class_start : pattern.find("]", i) + 1])
                 out.append("\\[" if char == "[" else "&")
                 i += 1 if char == "[" else 2
                 continue

@@ -48,6 +48,7 @@ import pycurl
 
 from herald import __version__
 from herald.delivery.outcome import TransportFailure
+from herald.delivery.tls import TlsSettings
 from herald.delivery.transport import (
     MAX_ANSWER_BODY_BYTES,
     HttpAnswer,
@@ -58,7 +59,6 @@ from herald.delivery.transport import (
     timeout_failure,
     tls_failure,
 )
-from herald.delivery.tls import TlsSettings
 
 _MAX_WAIT_S = 0.05
 """Longest single wait in `poll`, seconds (see the module docstring: descriptors above FD_SETSIZE)."""

@@ -45,6 +45,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from herald import __version__
 from herald.delivery.outcome import FailureKind, TransportFailure
+from herald.delivery.tls import TlsSettings
 from herald.delivery.transport import (
     MAX_ANSWER_BODY_BYTES,
     HttpAnswer,
@@ -55,7 +56,6 @@ from herald.delivery.transport import (
     timeout_failure,
     tls_failure,
 )
-from herald.delivery.tls import TlsSettings
 
 MAX_THREADS = 32
 """Most worker threads of one transport."""
@@ -315,7 +315,8 @@ def _read_timeout_s(request: HttpRequest, remaining_s: float) -> float:
     return max(0.001, remaining_s)
 
 
-def _drain(response: requests.Response, request: HttpRequest, deadline: float, started: float) -> TransportFailure | None:
+def _drain(response: requests.Response, request: HttpRequest, deadline: float,
+           started: float) -> TransportFailure | None:
     """Read the answer's body within the total timeout, so the connection can be reused."""
     received = 0
     try:
