@@ -62,7 +62,7 @@ clean:
 COMPAT_SPARKS := 4.0 4.1
 COMPAT_PYTHON ?= 3.12
 COMPAT_TESTS := tests/integration/test_stack_parity.py tests/integration/test_spark_submit_entry.py \
-	tests/integration/test_engine_e2e.py
+	tests/integration/test_engine_e2e.py::test_pipeline_delivers_filters_retries_discards_and_records_everything
 compat: dist
 	@for spark in $(COMPAT_SPARKS); do $(MAKE) --no-print-directory compat-stack SPARK=$$spark || exit 1; done
 	.ci/wheel-beside-pyspark 3.10 4.0.0

@@ -134,12 +134,27 @@ def spark():
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
-    """Herald's wheel, built as `make dist` builds it (`pip wheel --no-deps`), from this checkout."""
+    """Herald's wheel, built as `make dist` builds it (`pip wheel --no-deps`), from this checkout: once for the
+    run, by the first worker that asks (setuptools builds in the checkout's build/: two builds at once fail)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "herald-dist"  # the run's own
+    shared.mkdir(exist_ok=True)
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = sorted(shared.glob("herald-*.whl"))
+        if not built:
+            result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir",
+                                     str(shared), str(Path(__file__).resolve().parents[1])], capture_output=True,
+                                    text=True, timeout=300)
+            assert result.returncode == 0, result.stderr[-3000:]
+            built = sorted(shared.glob("herald-*.whl"))
+    (wheel_file,) = built
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out),
-                    str(Path(__file__).resolve().parents[1])], check=True, capture_output=True, timeout=300)
-    (built,) = out.glob("herald-*.whl")
-    return built
+    import shutil
+
+    return Path(shutil.copy(wheel_file, out / wheel_file.name))
 
 
 @pytest.fixture(scope="session")

@@ -67,6 +67,7 @@ class RetryDriver:
         self._running: set[str] = set()  # subscriptions whose round is in progress
         self._closed = False  # stopped: its registry is gone
         self._summary: tuple[int, int | None] | None = None
+        self._counts_at_close: dict[str, int] = {}  # what `parked_count` says once closed
         self._pool = ThreadPoolExecutor(PARALLEL_ROUNDS, thread_name_prefix="herald-retry-round")
         self._next_permit: dict[str, int] = {}  # subscription id -> when its rate allows a retry (epoch ms)
         # subscription id -> its retry rounds' open flow window, and when (monotonic s) it was that old
@@ -145,7 +146,8 @@ class RetryDriver:
 
     def parked_count(self, subscription_id: str) -> int:
         with self._lock:
-            return 0 if self._closed else self._registry.count(subscription_id)
+            return self._counts_at_close.get(subscription_id, 0) if self._closed \
+                else self._registry.count(subscription_id)
 
     def tried_since(self, since_ms: int, patience_ms: int) -> bool:
         """True when no round is running and every message of an ACTIVE subscription that was due at `since_ms`
@@ -187,6 +189,7 @@ class RetryDriver:
         with self._lock:
             if not self._closed:
                 self._summary = (self._registry.total(), self._registry.earliest())  # what `summary` says now
+                self._counts_at_close = {sid: self._registry.count(sid) for sid in self._registry.subscriptions()}
                 self._closed = True
                 self._registry.close()
 
