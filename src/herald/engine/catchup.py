@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 
+from herald.delivery.flow import FlowMode
 from herald.engine import round_steps as steps
 from herald.engine.context import now_ms
 from herald.engine.positions import Lost, behind, catch_up_ranges, earliest
@@ -33,6 +34,11 @@ from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import read_kafka_range
 
 log = logging.getLogger(__name__)
+
+THROTTLED_ROWS = 100
+"""Most records a catch-up round reads for a subscription flow control slowed (SLOW: one a second; HEARTBEAT: one
+probe a minute): it sends a probe or a few, and reading the whole maxOffsetsPerTrigger for them cost a Spark job
+of 10,000 records a minute per failing subscriber beside the healthy ones (tests/benchmarks/README.md, soak)."""
 
 _IDLE_S = 0.5
 FIRST_FAILURE_BACKOFF_S = 2.0
@@ -124,6 +130,8 @@ class CatchUp:
             return None
         max_rows = pipeline.context.config.settings.streaming.maxOffsetsPerTrigger or 10_000
         leader = min(ready, key=lambda state: state.last_served_s)
+        if leader.flow.mode is not FlowMode.NORMAL:  # a probe or a few: a round reads what it can send (and skip)
+            max_rows = min(max_rows, THROTTLED_ROWS)
         window = catch_up_ranges(leader.positions, frontier, max_rows)
         group = [state for state in ready if state is leader or _within(state.positions, window)]
         starts = earliest(*(_clamped(state.positions, frontier) for state in group))
