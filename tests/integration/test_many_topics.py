@@ -37,13 +37,15 @@ def test_thirty_two_topics_with_a_subscription_each_in_one_once_run(broker, spar
         return Reply(status=503) if request.path.startswith(f"/{failing}/") else Reply()
 
     with ScriptedSubscriber(answer) as sub:
-        # requestTimeout 30 s (the default is 1 s): on 2 busy cores the test's subscriber, a Python server in this
-        # process, answered some requests later than 1 s, and their messages were parked for a minute, not lost
+        # requestTimeout 30 s (the default is 1 s) and a grace of 30 s for requests open at a round's deadline (the
+        # default is 1 s): on 2 busy cores the test's subscriber, a Python server in this process, answered some
+        # requests later than that, and their messages were parked for a minute, not lost
         layout = {topic: {"s": {"endpoint": f"{sub.url}/{topic}/s", "subscriptionPolicy": {
                       "messageTtl": 3600, "messageBackoff": 60000, "requestTimeout": 30000}}}
                   for topic in topics}
         conf = write_topics_conf(tmp_path, broker.bootstrap_servers, layout,
-                                 settings={"kafka": {"connector": connector}})
+                                 settings={"kafka": {"connector": connector},
+                                           "streaming": {"requestGraceMs": 30000}})
         for index, topic in enumerate(topics):
             produce(broker.bootstrap_servers, topic, [{"topic": index, "i": i} for i in range(5)])
         runner = Runner(load_config(conf), spark=spark)

@@ -324,13 +324,16 @@ class Runner:
                 return False
             if any(read.pipelines.get(pipeline.kafka_topic) is not pipeline for _, pipeline in pipelines):
                 return False  # a topic not read yet: the read is replaced at the next `supervise`
+        # a pinned subscription whose pin changes hands is not throttled: its next endpoint starts a new flow state
+        pins = self.context.priority.pin_ids()
         for name, pipeline in pipelines:
             if self.supervisor.failing(name):
                 return False
             with pipeline.lock:
                 for state in pipeline.states.values():
                     frontier = pipeline.frontier or {}
-                    if throttled(state, frontier, deadline_s, flow):
+                    learnt_at_pin = pins.get(state.id, state.pin_id) == state.pin_id
+                    if learnt_at_pin and throttled(state, frontier, deadline_s, flow):
                         continue  # its round in progress ends at its deadline when the run stops
                     if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)
                                       and not self.context.discovery.holds(state.id)):  # no endpoint: next run
