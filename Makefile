@@ -46,7 +46,7 @@ bench: install
 	$(BIN)/python tests/benchmarks/serial_throughput.py
 
 # The wheel, and the same archive as dist/herald-<version>.zip for `spark-submit --py-files`: Spark puts a .zip of
-# --py-files on the executors' Python path, a .whl on the driver's alone (README, "On a cluster").
+# --py-files on the executors' Python path, a .whl on the driver's alone (docs/operations.md, "On a cluster").
 dist: install
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
 	@for wheel in dist/herald-*-py3-none-any.whl; do cp "$$wheel" "$${wheel%-py3-none-any.whl}.zip"; done

@@ -6,7 +6,7 @@ jars `herald jars fetch` cached (`herald.jars`: Spark's Kafka source and delta-s
 
 delta-spark writes only in a session with Delta's SQL extension and catalog. Both are static settings, read when
 the session is built: when spark-submit put Delta's jars on the classpath (`--packages`/`--jars`) and its command
-line did not name them, Herald adds them to the session it builds, so that the README's `spark-submit --packages`
+line did not name them, Herald adds them to the session it builds, so that operations.md's `spark-submit --packages`
 line works as it stands (an extension the command line names is kept, Delta's is added after it; a catalog it
 names is left alone). Databricks' session exists before Herald runs and is already configured for Delta.
 """

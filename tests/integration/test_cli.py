@@ -69,7 +69,7 @@ def test_publish_sends_json_rejects_the_rest_and_reports_failures(broker, topic_
 
 def store_a_batch(root: Path) -> None:
     """One round of subscription a.b.s in the Delta tables under `root`/storage (as write_conf sets them),
-    written as rows of the tables' schemas (the layout the read-outs read; README "Tables")."""
+    written as rows of the tables' schemas (the layout the read-outs read; docs/operations.md, "Tables")."""
     base = {"subscription": "a.b.s", "batch_id": 0, "writer": "stream:a.b"}
     rows = {
         UNDELIVERED: [{**base, "topic_name": "a.b", "partition": 0, "offset": 4, "message_id": "id-4",

@@ -1,5 +1,5 @@
 """Herald on a real multi-process cluster: a Spark standalone master and one worker (tests/support/spark_cluster.py),
-the job submitted with `spark-submit --master spark://...` as the README tells a user: the jars `herald jars fetch`
+the job submitted with `spark-submit --master spark://...` as operations.md tells a user: the jars `herald jars fetch`
 cached through `--jars`, Herald's wheel through `--py-files`. The driver, the executor and the master are separate
 JVMs, so everything the tasks need crosses processes: Herald's code on the executors, the driver's control
 endpoint, the executors' death, the driver's SIGTERM."""

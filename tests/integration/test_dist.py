@@ -1,5 +1,5 @@
 """Cluster use: the wheel `make dist` builds runs the job under spark-submit with `--py-files`, loaded from the
-wheel itself (not from the checkout), against the embedded broker; and the README's cluster line (Spark's Kafka
+wheel itself (not from the checkout), against the embedded broker; and docs/operations.md's cluster line (Spark's Kafka
 source and delta-spark given to spark-submit, `auto` in herald.yaml) delivers with them."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_spark_submit_with_the_wheel_as_py_files(wheel, broker, topic_name, tmp_
     spark_submit = Path(sys.executable).with_name("spark-submit")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     with ScriptedSubscriber() as sub:
-        # no --jars: Herald's own Kafka source and delta-rs (test_dist.py runs the README's jars with Spark's)
+        # no --jars: Herald's own Kafka source and delta-rs (test_dist.py runs docs/operations.md's jars with Spark's)
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"wheel": {"endpoint": sub.url}},
                           settings={"kafka": {"connector": "python"}, "storage": {"engine": "deltalake"}})
         result = subprocess.run([str(spark_submit), "--master", "local[2]", "--py-files", str(wheel),
@@ -54,7 +54,7 @@ def test_spark_submit_with_the_wheel_as_py_files(wheel, broker, topic_name, tmp_
 @pytest.mark.timeout(1500)
 def test_spark_submit_with_the_readmes_jars_delivers_with_sparks_kafka_source_and_delta_spark(broker, topic_name,
                                                                                              tmp_path):
-    """The README's `spark-submit --packages ...` line, with the same jars from `herald jars fetch`'s cache through
+    """operations.md's `spark-submit --packages ...` line, with the same jars from `herald jars fetch`'s cache through
     `--jars` (`--packages` would resolve them from Maven at test time), and herald.yaml leaving both choices to
     `auto`: the log says Spark's Kafka source and delta-spark were picked, and delta-spark wrote the tables."""
     from herald.jars import cached_jars

@@ -1,5 +1,5 @@
 """Herald through the real broker's SASL_SSL listener (TLS with a test CA; SCRAM-SHA-512 and PLAIN), configured
-as the README tells users: herald.yaml's `kafka.properties`, in Java's names with Spark's Kafka source and in
+as docs/configuration.md tells users: herald.yaml's `kafka.properties`, in Java's names with Spark's Kafka source and in
 librdkafka's with Herald's Python source. Every Kafka client Herald opens goes through it: `herald publish`, the
 driver's offset lookups, the Kafka source, the dead-letter producer. The commands run in their own processes, so
 what they print (Spark's JVM log included) is what a user sees: the password must not be in it."""

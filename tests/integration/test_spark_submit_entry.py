@@ -50,7 +50,7 @@ def test_spark_submit_entry_point(broker, topic_name, tmp_path):
     produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(8)])
     env = {**os.environ, **PYTHON_ENV}
     with ScriptedSubscriber() as sub:
-        # no --jars: Herald's own Kafka source and delta-rs (test_dist.py runs the README's jars with Spark's)
+        # no --jars: Herald's own Kafka source and delta-rs (test_dist.py runs docs/operations.md's jars with Spark's)
         conf = write_conf(tmp_path, broker.bootstrap_servers, topic_name, {"job": {"endpoint": sub.url}},
                           settings={"kafka": {"connector": "python"}, "storage": {"engine": "deltalake"}})
         result = subprocess.run([str(SPARK_SUBMIT), "--master", "local[2]", str(REPO / "jobs" / "deliver.py"),

@@ -12,7 +12,7 @@ Nothing is downloaded: `spark-class` runs Spark's Master and Worker from pyspark
 worker each run in a process group of their own; the worker starts its executors (and they their Python workers)
 in its group, with the worker's environment, which has no PYTHONPATH. The executors' Python is the one the job
 names (`PYSPARK_PYTHON` in spark-submit's environment); `python_without_herald` makes one that has Herald's
-dependencies and not Herald, as a node where they were installed and Herald is shipped with the job (the README's
+dependencies and not Herald, as a node where they were installed and Herald is shipped with the job (operations.md's
 `--py-files`): this checkout's virtualenv has Herald installed (editable), which would hide a job that does not
 ship it.
 

@@ -1,6 +1,6 @@
 """The Databricks Asset Bundle (databricks.yml and the resources it includes) agrees with the repository: the
 files it names exist, its artifact is the wheel `make dist` builds, its task's entry point fails the run when
-Herald fails, its runtime is the one the README names, and the Kafka bootstrap servers come from a secret that
+Herald fails, its runtime is the one docs/operations.md names, and the Kafka bootstrap servers come from a secret that
 conf/herald.yaml reads. Read with pyyaml, as the Databricks CLI would see it (no CLI, no network)."""
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ def test_the_entry_point_returns_when_the_command_succeeds(capsys):
     assert "valid" in capsys.readouterr().out
 
 
-def test_the_runtime_is_one_the_readme_names_for_databricks():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Databricks"):readme.index("## Configuration")]
+def test_the_runtime_is_one_the_operations_guide_names_for_databricks():
+    guide = (REPO / "docs" / "operations.md").read_text()
+    section = guide[guide.index("## Databricks"):guide.index("## Tables")]
     named = set(re.findall(r"`(\d+\.\d+\.x-scala2\.13)`", section))
     assert the_cluster()["spark_version"] in named, named
 
@@ -178,7 +178,7 @@ def test_the_bootstrap_servers_come_from_a_secret_that_herald_yaml_reads():
     variable = env_reference(herald_yaml["kafka"]["bootstrapServers"])
     secret = resolved(the_cluster()["spark_env_vars"][variable])
     assert re.fullmatch(r"\{\{secrets/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\}\}", secret), secret
-    assert secret == "{{secrets/herald/kafka-bootstrap}}", "the scope and key the README tells to create"
+    assert secret == "{{secrets/herald/kafka-bootstrap}}", "the scope and key docs/operations.md tells to create"
 
 
 def test_the_storage_path_is_the_bundles_variable():

@@ -1,4 +1,4 @@
-"""The jars Herald fetches match what pip installed (pyspark, delta-spark) and what the README tells clusters to
+"""The jars Herald fetches match what pip installed (pyspark, delta-spark) and what docs/operations.md tells clusters to
 pass with --packages: a version bump of either package that forgets the other fails here."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def test_the_wheel_requires_no_spark_and_its_extra_takes_every_release_herald_ru
         assert re.search(rf"^pyspark=={re.escape(stack)}\.\d+$", text, re.MULTILINE), stack
 
 
-def test_the_readme_spark_submit_line_names_the_same_packages():
-    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if "--packages" in line)
+def test_the_documented_spark_submit_line_names_the_same_packages():
+    line = next(line for line in (ROOT / "docs" / "operations.md").read_text().splitlines() if "--packages" in line)
     assert re.search(r"--packages (\S+)", line).group(1).split(",") == jars.packages()
 
 

@@ -1,4 +1,4 @@
-"""The Delta table properties Herald gives its tables, on both engines (README, "Upkeep").
+"""The Delta table properties Herald gives its tables, on both engines (docs/operations.md, "Upkeep").
 
 Every round commits to a few tables, so what the log keeps, and for how long, is most of what the tables cost:
 

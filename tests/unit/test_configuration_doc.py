@@ -1,4 +1,4 @@
-"""The README's tables are the code's: defaults and limits live in herald.config.settings (herald.yaml),
+"""docs/configuration.md's tables are the code's: defaults and limits live in herald.config.settings (herald.yaml),
 herald.config.model and herald.config.policies (topics, subscriptions) only."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from herald.config.endpoints import EndpointEntry, Priority
 from herald.config.policies import BatchPolicy, SerialPolicy
 from herald.config.settings import HeraldSettings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def readme_table(marker: str, columns: int) -> dict[str, list[str]]:
-    text = README.read_text()
+    text = CONFIGURATION_DOC.read_text()
     table = text.split(f"<!-- {marker}")[1].split(f"<!-- /{marker} -->")[0]
     rows = {}
     for line in table.splitlines():
@@ -36,7 +36,7 @@ def number(value) -> str:
 
 
 def limits_of(model: type[BaseModel], name: str) -> str:
-    """Pydantic bounds as the README writes them: `a .. b`, `a .. <b`, `> a .. b`, `> a .. < b`, `>= a`, `> a`."""
+    """Pydantic bounds as the doc writes them: `a .. b`, `a .. <b`, `> a .. b`, `> a .. < b`, `>= a`, `> a`."""
     bounds = {}
     for item in model.model_fields[name].metadata:
         for kind, symbol in ((at.Ge, ">="), (at.Gt, ">"), (at.Le, "<="), (at.Lt, "<")):
@@ -69,8 +69,8 @@ def test_every_policy_option_is_documented_with_its_default_and_limits(marker, p
         expected = info.default
         shown = ("(required)" if info.is_required() else "none" if expected is None
                  else str(expected).lower() if isinstance(expected, bool) else number(expected))
-        assert default == shown, f"{name}: README says {default}, code says {shown}"
-        assert re.sub(r"\s+", " ", limits) == limits_of(policy, name), f"{name}: README limits {limits!r}"
+        assert default == shown, f"{name}: the doc says {default}, code says {shown}"
+        assert re.sub(r"\s+", " ", limits) == limits_of(policy, name), f"{name}: doc limits {limits!r}"
 
 
 def settings_fields() -> dict[str, tuple[type[BaseModel], str, bool]]:
@@ -87,20 +87,20 @@ def settings_fields() -> dict[str, tuple[type[BaseModel], str, bool]]:
 def test_every_herald_yaml_key_is_documented_with_its_default_and_limits():
     rows = readme_table("settings-table", 3)
     fields = settings_fields()
-    assert set(rows) == set(fields), f"README only: {set(rows) - set(fields)}; code only: {set(fields) - set(rows)}"
+    assert set(rows) == set(fields), f"doc only: {set(rows) - set(fields)}; code only: {set(fields) - set(rows)}"
     for key, (default, meaning) in rows.items():
         model, name, optional_section = fields[key]
         info = model.model_fields[name]
         if info.is_required():
             expected = "none" if optional_section else "(required)"
-            assert default == expected, f"{key}: README says {default}, code: required in its section"
+            assert default == expected, f"{key}: the doc says {default}, code: required in its section"
         elif info.default is not None and not isinstance(info.default, dict) and info.default_factory is None:
             value = info.default
             shown = number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
-            assert default == f"`{shown}`", f"{key}: README says {default}, code says {shown}"
+            assert default == f"`{shown}`", f"{key}: the doc says {default}, code says {shown}"
         limits = limits_of(model, name)
         if limits:
-            assert limits in meaning, f"{key}: README does not give its limits {limits!r}: {meaning!r}"
+            assert limits in meaning, f"{key}: the doc does not give its limits {limits!r}: {meaning!r}"
 
 
 def test_the_discovery_options_are_documented_with_their_defaults_and_limits():
@@ -113,5 +113,5 @@ def test_the_discovery_options_are_documented_with_their_defaults_and_limits():
     for name, (default, limits, _) in rows.items():
         expected = Discovery.model_fields[name].default
         shown = "required" if expected is PydanticUndefined else "-" if expected is None else number(expected)
-        assert default == shown, f"{name}: README says {default}, code says {shown}"
-        assert re.sub(r"\s+", " ", limits) == limits_of(Discovery, name), f"{name}: README limits {limits!r}"
+        assert default == shown, f"{name}: the doc says {default}, code says {shown}"
+        assert re.sub(r"\s+", " ", limits) == limits_of(Discovery, name), f"{name}: doc limits {limits!r}"
