@@ -1,4 +1,4 @@
-"""Discovery end to end (docs/design.md §5c): real broker, Spark, a lookup service and HTTP subscribers on
+"""Discovery end to end (docs/design.md §7): real broker, Spark, a lookup service and HTTP subscribers on
 127.0.0.1, Delta tables. The set follows the lookups while `herald run` runs (an endpoint added, one removed, an
 outage keeps the set, an empty set makes messages wait, nothing lost or discarded), and `herald run --once`
 delivers a BROADCAST subscription to every endpoint of lookupd's producers."""

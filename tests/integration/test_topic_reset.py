@@ -1,6 +1,6 @@
 """A topic deleted and created again between two runs: its offsets start over, and its subscriptions go on from the
 new log's start instead of skipping every new message below their old positions; the reset is recorded for each
-(docs/design.md §6). Apache Kafka itself (topic ids), Spark's Kafka source, real HTTP and Delta tables.
+(docs/design.md §8). Apache Kafka itself (topic ids), Spark's Kafka source, real HTTP and Delta tables.
 (A topic deleted and created while a job runs: tests/support/broker_scenarios.py `deleted_topic_is_retried_alone`.)"""
 
 from __future__ import annotations

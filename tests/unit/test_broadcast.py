@@ -104,7 +104,7 @@ def test_a_never_attempted_broadcast_message_stops_the_position_at_the_deadline(
 
 
 def test_a_parked_member_resumes_at_its_endpoint_by_name_when_the_set_changed_and_one_that_left_is_still_owed():
-    """docs/design.md §5c: the driver names the endpoints a state still owes (`named`) and finds them by name
+    """docs/design.md §7: the driver names the endpoints a state still owes (`named`) and finds them by name
     in the next round's targets (`placed`); an endpoint that left comes after them (`departed`), for the owed
     members only, never for a new message."""
     from herald.engine.planner import named, placed

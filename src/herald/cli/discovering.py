@@ -1,5 +1,5 @@
 """`herald endpoints`: a subscription's endpoints now, and for a discovered set which lookup named each
-(docs/design.md §5c). It reads the `endpoints` table the running job records every set in, so it answers with
+(docs/design.md §7). It reads the `endpoints` table the running job records every set in, so it answers with
 or without a running job and never starts Spark; passwords are masked."""
 
 from __future__ import annotations

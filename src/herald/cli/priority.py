@@ -1,4 +1,4 @@
-"""Priority groups (docs/design.md §5b): unpin a pinned subscription, show its group's state.
+"""Priority groups (docs/design.md §6): unpin a pinned subscription, show its group's state.
 
 Both work with or without a running job: they read and write the `advisories` table with delta-rs (a running
 job picks an unpin up within streaming.configPollMs; otherwise the next run, or the activation of a suspended

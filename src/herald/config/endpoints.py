@@ -1,5 +1,5 @@
 """Where a subscription's messages go, beyond one URL: endpoint entries with overflow conditions, endpoints found
-by discovery, and the priority policy that chooses among them (docs/design.md §5b; NATS priority groups, NSQ's
+by discovery, and the priority policy that chooses among them (docs/design.md §6; NATS priority groups, NSQ's
 lookupd polling). Units as in the YAML: milliseconds.
 """
 

@@ -83,7 +83,7 @@ class Overflow(OneEndpoint):
 class EveryEndpoint:
     """BROADCAST: one unit per endpoint the message has not reached yet (every endpoint, unless it continues
     with some reached), each attempted at its own endpoint. `departed`: targets after the first `count` that
-    left the subscription's endpoints (docs/design.md §5c): only messages that still owe them an answer go
+    left the subscription's endpoints (docs/design.md §7): only messages that still owe them an answer go
     there, new messages go to the first `count`."""
 
     fans_out = True

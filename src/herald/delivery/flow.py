@@ -92,7 +92,7 @@ class FlowState:
     the hard cap gives the next permit, so the cap also holds across batch boundaries, and its open window.
 
     The next permit crosses processes as a duration, never as one host's clock reading compared on another's
-    (docs/design.md §9): `permit_in_ms`, milliseconds from a round's plan (driver to tasks) or from a task's
+    (docs/design.md §11): `permit_in_ms`, milliseconds from a round's plan (driver to tasks) or from a task's
     report (tasks to driver); the driver keeps it as `next_permit_ms`, an instant of its own wall clock (epoch ms),
     which only the driver reads (`herald.engine.state.SubscriptionState.take_flow` and `flow_now` convert)."""
 

@@ -79,7 +79,7 @@ class TargetState:
     last_reason: str = ""
     endpoint: str = ""
     """The endpoint as people see it (password masked), named by the driver when the state leaves a round
-    (docs/design.md §5c): lists and discovered sets change, so the next round finds its place by this name.
+    (docs/design.md §7): lists and discovered sets change, so the next round finds its place by this name.
     Empty in states recorded before endpoints were named: `index` is then a place in the configured list."""
 
     def to_list(self) -> list:

@@ -80,7 +80,7 @@ class LanePlan:
         `header_lines` carry its Herald-Pin-Id); the lane watches the endpoint's answers (`herald.delivery.pin`).
     departed: BROADCAST: the last `departed` of `targets` are endpoints that left the subscription's list or
         discovered set; only members of resumed messages that still owe them an answer go there, never a new
-        message (docs/design.md §5c).
+        message (docs/design.md §7).
     """
 
     subscription_id: str

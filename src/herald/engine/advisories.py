@@ -1,5 +1,5 @@
 """Advisories on a Kafka topic: where herald.yaml names `advisories: {topic: ...}`, every pin given and given up
-is also published there as JSON, shaped like NATS' consumer-group advisories (docs/design.md §5b):
+is also published there as JSON, shaped like NATS' consumer-group advisories (docs/design.md §6):
 
     {"type": "io.herald.advisory.v1.pinned", "id": "...", "timestamp": "2026-11-26T10:00:00.000Z",
      "subscription": "group.topic.name", "endpoint": "http://primary/orders", "pinned_id": "...",

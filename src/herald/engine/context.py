@@ -38,7 +38,7 @@ def stamp_ms() -> int:
 class EngineContext:
     """spark: the session; config: the configuration in force (the watcher replaces it); connector: 'spark' or
     'python' (the Kafka source); store / writer: the tables; once: `--once`; priority: the pins of its pinned
-    subscriptions (every round leases them); discovery: the discovered endpoint sets (docs/design.md §5c)."""
+    subscriptions (every round leases them); discovery: the discovered endpoint sets (docs/design.md §7)."""
 
     spark: object
     config: HeraldConfig
@@ -61,12 +61,12 @@ class EngineContext:
                                  endpoints_of=self.shown_endpoints)
 
     def holds(self, subscription_id: str) -> bool:
-        """The subscription sits rounds out now: its pin changes hands (§5b) or it has no endpoint discovered
-        (§5c). Its messages wait; what holds it wakes the catch-up and retry threads when it may deliver."""
+        """The subscription sits rounds out now: its pin changes hands (§6) or it has no endpoint discovered
+        (§7). Its messages wait; what holds it wakes the catch-up and retry threads when it may deliver."""
         return self.priority.holds(subscription_id) or self.discovery.holds(subscription_id)
 
     def endpoints_of(self, subscription) -> list[Endpoint] | None:
-        """The subscription's discovered set now (§5c; empty while none is known), or None when its endpoints are
+        """The subscription's discovered set now (§7; empty while none is known), or None when its endpoints are
         configured (the planner then takes them from the subscription, overflow conditions included)."""
         return self.discovery.endpoints_of(subscription)
 

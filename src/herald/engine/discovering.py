@@ -1,10 +1,10 @@
 """The job's discovered endpoints: one `EndpointSet` per ACTIVE subscription with `endpoints.discovery`, kept
-up to date by one poller thread on the driver (docs/design.md §5c; the pure parts are `herald.engine.discovery`).
+up to date by one poller thread on the driver (docs/design.md §7; the pure parts are `herald.engine.discovery`).
 
 - Rounds ask `endpoints_of` at plan time: a round delivers to the set as it was when it was planned (its
   in-flight requests finish there), the next round to the set then.
 - While a subscription's set is empty (before its first answer, or after an empty answer from every lookup)
-  it is held (`holds`): it sits rounds out as a pinned subscription whose pin changes hands does (§5b): its
+  it is held (`holds`): it sits rounds out as a pinned subscription whose pin changes hands does (§6): its
   messages wait, their TTL running, and none is read past its position, dropped or discarded for it. When the
   set fills again the catch-up and retry threads are woken (`wakers`).
 - Every change is a log line (endpoints added and removed, passwords masked), told to the listeners (`changed`:

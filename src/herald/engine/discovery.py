@@ -1,4 +1,4 @@
-"""Endpoints found by polling lookup services (NSQ's lookupd polling, docs/design.md §5c).
+"""Endpoints found by polling lookup services (NSQ's lookupd polling, docs/design.md §7).
 
 A subscription with `endpoints: {discovery: {urls, pollIntervalMs, jitter, endpoint, timeoutMs}}` is delivered
 to the endpoints its lookup URLs name. This module has the pure parts, clocked by their callers, and the job's

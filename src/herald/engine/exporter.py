@@ -19,7 +19,7 @@ Per subscription (label `subscription`, the id `group.topic.name`):
   start (or the catch-up or retry round's) to its rows handed to the writer; kind is stream, catchup or retry;
 - priority pinned: gauge `herald_pinned_endpoint{endpoint}` (1 for the endpoint pinned now, password masked)
   and counter `herald_pin_advisories_total{type=pinned|unpinned, reason}`;
-- discovery (docs/design.md §5c): counter `herald_discovery_polls_total{result=ok|failed}`, one per lookup
+- discovery (docs/design.md §7): counter `herald_discovery_polls_total{result=ok|failed}`, one per lookup
   polled (a failure: no answer, an HTTP error, or garbage).
 
 Every counter of every ACTIVE subscription exists, at 0, from the first scrape (`know`), so that `rate()` and

@@ -73,7 +73,7 @@ def outcomes(participants: Sequence[Participant], ranges: Mapping[int, tuple[int
             outcome.counters.add(lane.counters)
             flow_states.append(lane.flow_state)
             outcome.discarded.extend(lane.discarded)
-            targets = participant.plan.targets  # BROADCAST states leave the round naming their endpoints (§5c)
+            targets = participant.plan.targets  # BROADCAST states leave the round naming their endpoints (§7)
             outcome.parked.extend(replace(item, state=named(item.state, targets)) for item in lane.parked)
             outcome.carried.extend(replace(item, state=named(item.state, targets)) for item in lane.carried)
             outcome.ended_carried.extend(lane.ended_carried)

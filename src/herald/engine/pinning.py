@@ -3,7 +3,7 @@
 `priority: {policy: pinned, timeoutMs}` sends every attempt of a subscription (first attempts, retries,
 batches) to ONE endpoint, the pinned one, with a `Herald-Pin-Id` header. This module is the pin's state
 machine, pure and clocked by its callers (epoch ms); `herald.engine.priority` runs it for the job
-(docs/design.md §5b).
+(docs/design.md §6).
 
 A pin is lost when its endpoint has accepted nothing (no 2xx) for `timeoutMs` while it had messages to take,
 when an operator unpins it, or when its endpoint leaves the subscription's list. Then, as the ADR says:
@@ -59,7 +59,7 @@ class Pin:
     timeout_ms: int
     refused_since_ms: int | None
     group: int = 0  # the `PinGroup.token` of the group that leased it
-    endpoint: str = ""  # the pinned endpoint as people see it (the planner finds it by this, §5c)
+    endpoint: str = ""  # the pinned endpoint as people see it (the planner finds it by this, §7)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def header_lines(subscription: Subscription) -> tuple[str, ...]:
 
 
 def targets(subscription: Subscription, endpoints: Sequence[Endpoint] | None = None) -> tuple[Target, ...]:
-    """The subscription's endpoints (`endpoints`: its discovered set now, docs/design.md §5c; None: the
+    """The subscription's endpoints (`endpoints`: its discovered set now, docs/design.md §7; None: the
     configured ones, with an overflow endpoint's conditions) with the Authorization line of their credentials
     (never log them)."""
     if endpoints is not None:
@@ -87,7 +87,7 @@ def former_target(shown: str, former: Former | None) -> Target:
 
 def placed(resume: dict, endpoints: tuple[Target, ...], former: Former | None) -> tuple[dict, tuple[Target, ...]]:
     """BROADCAST states resumed in a round, their endpoints found by name in the round's `endpoints` (lists and
-    discovered sets change between rounds, docs/design.md §5c); (the states, the targets that left, which
+    discovered sets change between rounds, docs/design.md §7); (the states, the targets that left, which
     the round appends to its targets for the members still owed to them: they are tried until they answer 2xx
     or the message ends, never given up unanswered)."""
     shown = {target.shown: index for index, target in enumerate(endpoints)}
@@ -143,7 +143,7 @@ def lane_plan(state: SubscriptionState, flow_settings: FlowSettings, parked: int
     """The lane of one subscription in a round: the reading path's share, or the retry driver's (`retries`).
     providers: herald.yaml's OAuth providers by name (needed by subscriptions with an oAuthPolicy).
     pin: a pinned subscription's pin for the round: it sends to that endpoint only, with its Herald-Pin-Id.
-    endpoints: its endpoints now (a discovered set, docs/design.md §5c; None: the configured ones); `former`
+    endpoints: its endpoints now (a discovered set, docs/design.md §7; None: the configured ones); `former`
     finds one that left, for BROADCAST messages that still owe it an answer. resume: the states the round
     continues (default: what the subscription carries; none for the retry driver, which gives its own)."""
     subscription = state.subscription

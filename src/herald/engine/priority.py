@@ -1,4 +1,4 @@
-"""The job's priority groups: the pins of its `policy: pinned` subscriptions (docs/design.md §5b).
+"""The job's priority groups: the pins of its `policy: pinned` subscriptions (docs/design.md §6).
 
 Every round asks `lease` before it plans a subscription: a pinned subscription gets its `Pin` (its rounds then
 send only to that endpoint) or sits the round out while its pin changes hands; the round gives the pin back with
@@ -74,7 +74,7 @@ class Priority:
         self.changed: list[Callable[[], None]] = []  # called after `configure`: the pins may differ (`pin_ids`)
         self.lock = threading.RLock()  # also held by whoever tells running tasks the pins (a consistent view)
         self._groups: dict[str, PinGroup] = {}
-        self._waiting: set[str] = set()  # pinned subscriptions whose endpoints are not known yet (§5c)
+        self._waiting: set[str] = set()  # pinned subscriptions whose endpoints are not known yet (§7)
         self.endpoints_of = endpoints_of or shown_endpoints
         """A subscription's endpoints as people see them, in order; None while they are not known yet (a
         discovered set before its first answer): its group then waits, and its rounds with it."""
@@ -88,7 +88,7 @@ class Priority:
     # -- configuration ----------------------------------------------------------------------------------------
     def configure(self, subscriptions: Iterable[Subscription]) -> None:
         """The ACTIVE subscriptions now: a pinned one seen for the first time takes up its pin from the table;
-        an edit (or a discovered set, §5c) that drops its pinned endpoint gives the pin up; one no longer here
+        an edit (or a discovered set, §7) that drops its pinned endpoint gives the pin up; one no longer here
         (or no longer pinned) is forgotten once no round of it runs (activated again before that, it goes on
         with the same group, an unpin recorded meanwhile included). Call it again when a discovered set
         changes."""
@@ -224,7 +224,7 @@ class Priority:
 
     def _plan_switch(self, group: PinGroup) -> tuple[PinGroup, Advisory] | None:
         """(lock held) The next pin of a group whose switch is due (the old pin's rounds have ended), marked as
-        being recorded; None when none is due, or it has no endpoint to pin (an empty discovered set, §5c)."""
+        being recorded; None when none is due, or it has no endpoint to pin (an empty discovered set, §7)."""
         if not group.due() or not group.active or self._frozen or not group.endpoints \
                 or group.subscription_id in self._switching:
             return None

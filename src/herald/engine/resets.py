@@ -13,7 +13,7 @@ one). Then every subscription of the topic goes on from where the new log starts
 known and unchanged (the log was cut, not replaced), from the cut (`high`) if it was past it; what it had not yet
 read of the old log is gone and recorded as LOST (`lost`); its carried states there are released; and its
 parked messages there end as DISCARDED (their bodies are kept in the undelivered table): their offsets are
-given to the new log's messages, which would otherwise take their place. See docs/design.md §6.
+given to the new log's messages, which would otherwise take their place. See docs/design.md §8.
 """
 
 from __future__ import annotations

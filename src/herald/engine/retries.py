@@ -246,7 +246,7 @@ class RetryDriver:
         earliest = []
         for sid in self._registry.subscriptions():
             if sid not in self._active or sid in self._running or self._next_permit.get(sid, 0) > horizon \
-                    or self.context.holds(sid):  # held: its pin changes hands, or it has no endpoint (§5c)
+                    or self.context.holds(sid):  # held: its pin changes hands, or it has no endpoint (§7)
                 continue
             next_due = self._registry.next_due(sid, untried_only=self.once)
             if next_due is not None and next_due <= horizon:
@@ -328,7 +328,7 @@ class RetryDriver:
             for subscription in active:
                 found = endpoints[subscription.id]
                 pin = None if found is not None and not found else context.priority.lease(subscription)
-                if (found is not None and not found) or pin == HELD:  # it waits (§5b, §5c): later, not now
+                if (found is not None and not found) or pin == HELD:  # it waits (§6, §7): later, not now
                     self._postpone({subscription.id: due[subscription.id]}, 1000)
                     continue
                 pins[subscription.id] = pin

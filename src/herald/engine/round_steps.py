@@ -45,7 +45,7 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
     """Each (index in the rows' `targets`, state) with the plan of its share of the round. A pinned
     subscription takes part with its pin (the caller's `release_pins` gives it back when the round ends), or,
     while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up). So
-    does a subscription with no endpoint discovered (docs/design.md §5c); one with some is planned with its set
+    does a subscription with no endpoint discovered (docs/design.md §7); one with some is planned with its set
     as it is now."""
     states = list(states)
     chosen: list[Participant] = []

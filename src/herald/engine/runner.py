@@ -121,7 +121,7 @@ class Runner:
             context.control_url = self.control.url
             context.on_task_reports = self.control.note_reports
             context.priority.listeners.append(lambda advisory: self._publish_control())
-            context.priority.changed.append(self._publish_control)  # a pin taken up late (§5c), a group's change
+            context.priority.changed.append(self._publish_control)  # a pin taken up late (§7), a group's change
         handed = {(move.subscription, move.move_id) for move in unapplied_moves(store) if topics.apply_move(move)}
         retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
         retries.set_active(active)
@@ -154,7 +154,7 @@ class Runner:
                 self.control.publish(self.config.active_subscriptions(self.only), self.context.priority.pin_ids())
 
     def _endpoints_changed(self) -> None:
-        """A discovered set changed (§5c): the priority groups follow it."""
+        """A discovered set changed (§7): the priority groups follow it."""
         self.context.priority.configure(self.config.active_subscriptions(self.only))
 
     def _live_state(self, subscription_id: str):

@@ -514,7 +514,7 @@ class TopicPipeline:
         """(lock held) The positions a round's offsets rows hold: those of the partitions it `covered` that moved
         from where they were `before` it; all of them when the state's rows do not name the Kafka topic id the
         round's rows carry (an id learnt since, or rows a move or a reset wrote). A position that stayed has its
-        newest row already: a row for it would only grow the table (docs/design.md §6)."""
+        newest row already: a row for it would only grow the table (docs/design.md §8)."""
         if self.topic_id is not None and state.rows_topic_id != self.topic_id:
             state.rows_topic_id = self.topic_id
             return {partition: state.positions[partition] for partition in covered}

@@ -1,5 +1,5 @@
-"""Delta tables under the storage path: undelivered, offsets, retries, metrics, tracking, retransmissions and
-leases (docs/design.md §7).
+"""Delta tables under the storage path: undelivered, offsets, retries, metrics, tracking, retransmissions,
+leases, advisories and endpoints (`herald.storage.tables`; docs/design.md §9).
 
 `open_store` picks the back-end (delta-spark when its jars load, delta-rs otherwise); both write the same
 layout, and the CLI reads it with delta-rs without starting Spark. `TableWriter` writes rounds' slices in

@@ -1,5 +1,5 @@
 """History retention: the rows that only record what happened are deleted once they are older than a retention;
-the rows that say where things stand never are (docs/design.md §7).
+the rows that say where things stand never are (docs/design.md §9).
 
 Every round adds rows: a metrics row per subscription, tracking rows, a retries row per message it parked or
 ended, and an offsets row per position it moved (a busy topic: subscriptions x partitions a round). Maintenance

@@ -1,4 +1,4 @@
-"""The tables' names and schemas (docs/design.md §7).
+"""The tables' names and schemas (docs/design.md §9).
 
 Every row carries the round that wrote it: `writer` (the shared query of a topic, a catch-up run, the retry
 driver, ...) and `batch_id` (that writer's round number). A round's rows are written as one slice per table
