@@ -16,6 +16,7 @@ from herald.engine import round_steps as steps
 from herald.engine.context import now_ms
 from herald.engine.rounds import STREAM, RoundResult
 from herald.engine.state import stored_positions
+from herald.storage.tables import METRICS
 from tests.integration.test_round_stamps import TOPIC, _pipeline, _record, _round_over
 
 
@@ -77,7 +78,10 @@ def test_a_pin_that_cannot_be_given_back_does_not_keep_the_round_from_being_reco
     monkeypatch.setattr(pipeline.context.priority, "release", lambda *args: 1 / 0)
     pipeline.deliver_batch(None, 7, {0: (25, 25), 1: (30, 30)}, "stream:q")
     pipeline.context.writer.close()
-    assert stored_positions(pipeline.context.store)[(state.id, TOPIC)] == {0: 25, 1: 30}
+    rows = pipeline.context.store.read(METRICS, state.id).to_pylist()
+    assert [(row["batch_id"], row["kind"]) for row in rows] == [(7, STREAM)], "the round is recorded"
+    assert (state.id, TOPIC) not in stored_positions(pipeline.context.store), \
+        "its positions did not move: no offsets row (docs/design.md §8)"
 
 
 def test_a_round_the_writer_gave_up_is_neither_retried_nor_told_to_its_listeners(tmp_path):
