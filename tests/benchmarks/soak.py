@@ -328,6 +328,23 @@ def heap(jvm_pid: int | None) -> str:
             f"full GCs {gc['FGC']:.0f}")
 
 
+def live_heap_mib(jvm_pid: int | None) -> float | None:
+    """The JVM's live heap (MiB): its used heap just after a full GC that `jcmd GC.run` asks for (one pause), so
+    what the heap keeps and not what it has not collected yet. None without jcmd or jstat."""
+    jcmd = shutil.which("jcmd")
+    if jvm_pid is None or jcmd is None:
+        return None
+    try:
+        subprocess.run([jcmd, str(jvm_pid), "GC.run"], capture_output=True, timeout=60, check=True)
+        lines = subprocess.run([shutil.which("jstat") or "jstat", "-gc", str(jvm_pid)], capture_output=True,
+                               text=True, timeout=30, check=True).stdout
+        header, values = lines.splitlines()[:2]
+        gc = {name: float(value) for name, value in zip(header.split(), values.split())}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return (gc["S0U"] + gc["S1U"] + gc["EU"] + gc["OU"]) / 1024
+
+
 def tables(storage: Path) -> dict[str, tuple[int, int, int]]:
     """table -> (rows, files, version), read with delta-rs; (-1, -1, -1) for one that could not be read."""
     from deltalake import DeltaTable
@@ -427,7 +444,8 @@ def sample(job: Job, storage: Path, arrivals: Arrivals, subscribers: dict[str, S
     except Exception as error:  # noqa: BLE001 - a read racing a commit: the next sample reads it
         print(f"            (tables not read: {type(error).__name__}: {error})", flush=True)
         parked_now, lag = {}, {}
-    figures = {"t": now - job.launched, "driver": rss["python"] + rss["jvm"], "tables": found,
+    figures = {"t": now - job.launched, "driver": rss["python"] + rss["jvm"], "python": rss["python"],
+               "jvm_pid": rss["jvm_pid"], "tables": found,
                "parked": sum(parked_now.values()), "latencies": window}
     latency = (f"{len(window)} arrivals, p50 {percentile(window, 0.5):.0f} ms, p99 {percentile(window, 0.99):.0f} ms"
                if window else "no arrivals")
@@ -520,6 +538,7 @@ def main() -> None:
         print(f"ready {soak_from - job.launched:.1f} s after launch; a sample every {SAMPLE_EVERY_S:g} s",
               flush=True)
         samples, cpu, since = [], 0.0, job.launched  # the first sample's CPU: since the launch
+        live: list[tuple[float, float | None]] = []  # (t, the JVM's live heap, MiB) settled and at the end
         for subscriber in subscribers.values():
             subscriber.take_counts()
         arrivals.take_window()
@@ -532,6 +551,9 @@ def main() -> None:
                 break
             figures, cpu = sample(job, storage, arrivals, subscribers, list(publisher.published), since, cpu)
             samples.append(figures)
+            if (not live and figures["t"] >= FIT_AFTER_S) or next_at >= end:  # once settled, and at the end
+                live.append((figures["t"], live_heap_mib(figures["jvm_pid"])))
+                print(f"            JVM live heap after a full GC: {live[-1][1]} MiB", flush=True)
             since = time.monotonic()
             if next_at >= end:
                 break
@@ -588,11 +610,19 @@ def main() -> None:
               f"{settled[-1]['driver']:.0f} MiB, offsets rows {settled[0]['tables'].get('offsets', ('?',))[0]} -> "
               f"{settled[-1]['tables'].get('offsets', ('?',))[0]}; parked at the end {samples[-1]['parked']}",
               flush=True)
-        print("targets: healthy p99 at most 3000 ms while the neighbour hangs, driver RSS growth at most 50 MiB/h "
-              "after the first 5 minutes, restart ratio at most 1.2", flush=True)
-
         def shown(value, spec):
             return format(value, spec) if value is not None else "?"
+
+        python_growth = slope_per_hour([(s["t"], s["python"]) for s in settled])
+        print(f"of which the Python driver: {shown(python_growth, '.1f')} MiB/h "
+              f"({settled[0]['python']:.0f} -> {settled[-1]['python']:.0f} MiB)", flush=True)
+        if len(live) == 2 and None not in (live[0][1], live[1][1]) and live[1][0] > live[0][0]:
+            (t0, heap0), (t1, heap1) = live
+            print(f"and the JVM's live heap (after a full GC): {heap0:.0f} MiB at {t0 / 60:.1f} min, {heap1:.0f} MiB "
+                  f"at {t1 / 60:.1f} min: {(heap1 - heap0) * 3600 / (t1 - t0):.1f} MiB/h (the rest of the JVM's "
+                  "growth is heap it had not collected yet, up to its -Xmx)", flush=True)
+        print("targets: healthy p99 at most 3000 ms while the neighbour hangs, driver RSS growth at most 50 MiB/h "
+              "after the first 5 minutes, restart ratio at most 1.2", flush=True)
 
         ratio = restart_s / fresh_s if restart_s and fresh_s else None
         print(f"soak: healthy p99 {shown(percentile(latencies, 0.99) if latencies else None, '.0f')} ms, "
