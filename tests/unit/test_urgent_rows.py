@@ -11,8 +11,8 @@ import pytest
 from herald.config.model import Subscription
 from herald.delivery.message import Record, RetryState
 from herald.delivery.report import Parked
-from herald.engine import round_steps as steps
-from herald.engine.rounds import CATCHUP, RETRY, STREAM, RoundResult, SubscriptionOutcome, stub, urgent
+from herald.engine.round import steps
+from herald.engine.round.result import CATCHUP, RETRY, STREAM, RoundResult, SubscriptionOutcome, stub, urgent
 from herald.storage.tables import DELIVERED, DISCARDED
 from tests.unit.test_deadletter import discarded
 
