@@ -1,7 +1,9 @@
 """Driver side; see docs/design.md §2-§10 and its module map ("Where things are").
 
 `runner` (`Runner`: `herald run`, wires the rest together) and `context` (`EngineContext`: what every round
-shares) sit here; the rest is in four wings:
+shares) sit here; the rest is in four wings, listed top to bottom: a module imports only from its own wing or
+one below it (runner > triggers > round > context, upkeep > endpoints; tests/unit/test_layering.py, which names
+the two imports that go up):
 
 - `triggers`, what starts rounds, and the topics' supervision: `shared_read` (`SharedRead`, one query for every
   topic), `topics` and `supervision` (the set of topics, restarts), `catchup`, `retry_driver` (`RetryDriver`)
