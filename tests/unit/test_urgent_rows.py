@@ -1,6 +1,6 @@
 """Which rounds the table writer writes within `storage.urgentCommitMs` instead of the commit interval: those with
 rows an operator looks for soon after the event (a discard, a loss, a message parked for the first time), and
-`round_steps.record` says so when it hands them over."""
+`steps.record` says so when it hands them over."""
 
 from __future__ import annotations
 
