@@ -18,7 +18,7 @@ Avro variant: the same number of messages as Avro binary (fastavro schemaless_wr
 workers and cached): an order record with a nested user record (name, a ["null", "string"] email, an array of
 1-3 address records with city/country), a status enum, an amount double, a nullable coupon, tags and a note.
 Three avropath filters (a plain path, a wildcard with any, a regex on the nullable email) are evaluated
- (a) Herald's way, as its streaming query does for an AVRO topic (herald.engine.query._decoded):
+ (a) Herald's way, as its streaming query does for an AVRO topic (herald.engine.round.projection.project):
      mapInArrow(decode_batches(AvroSource(schema_json=...))) decodes each record once with fastavro into JSON
      text, then filter_column(rules, "json", "headers") as a projected column -> count (an empty headers array
      rides along);

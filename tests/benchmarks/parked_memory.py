@@ -8,7 +8,8 @@ them) and reports its resident memory (RSS) growth, then asks what a retry round
 next due time, the count) and times it:
 
 - baseline: the messages in a dict on the heap, as the retry driver kept them before (`ParkedMessage` per key);
-- herald: `herald.engine.parked.ParkedRegistry`, the SQLite file on the driver's disk the retry driver uses now.
+- herald: `herald.engine.triggers.parked.ParkedRegistry`, the SQLite file on the driver's disk the retry driver
+  uses now.
 
 Last lines:
 
@@ -48,7 +49,7 @@ def _messages(count: int, body_bytes: int, start: int = 0):
 
 
 def run_variant(variant: str, count: int, body_bytes: int) -> dict:
-    from herald.engine.parked import ParkedMessage, ParkedRegistry
+    from herald.engine.triggers.parked import ParkedMessage, ParkedRegistry
 
     before = _rss_mib()
     if variant == "baseline":

@@ -576,8 +576,8 @@ def run_herald(args) -> dict:
     from datetime import timezone
 
     from herald.config.loader import load_config
+    from herald.engine.round.pipeline import TopicPipeline
     from herald.engine.runner import Runner
-    from herald.engine.topic import TopicPipeline
     from herald.session import get_or_create_session
     from herald.storage import DeltaRsStore
     from herald.storage.tables import METRICS, TRACKING

@@ -76,7 +76,7 @@ HEALTHY = {f"ok{n}": n // 3 for n in range(9)}  # three healthy subscribers a to
 SAMPLE_EVERY_S = 30.0
 FIT_AFTER_S = 300.0  # RSS and table growth are fitted on the samples after the job's first 5 minutes
 FLAP_PERIOD_S = 60.0
-READ_STARTED = "one query reads"  # the log line of the shared read's start (engine/read.py)
+READ_STARTED = "one query reads"  # the log line of the shared read's start (engine/triggers/shared_read.py)
 
 
 class Arrivals:
@@ -389,7 +389,7 @@ def newest_rows(storage: Path, table: str, keys: list[str], newest_first: list[s
 
 def parked(storage: Path) -> dict[str, int]:
     """subscription name -> messages parked: the newest `retries` row of each (subscription, partition, offset),
-    by recorded_at then batch_id, in state PARKED (as `engine/retries.py` loads them at a job's start)."""
+    by recorded_at then batch_id, in state PARKED (as `engine/triggers/retry_driver.py` loads them at a job's start)."""
     rows = newest_rows(storage, "retries", ["subscription", "partition", "offset"], ["recorded_at", "batch_id"],
                        ["state"])
     counts: dict[str, int] = {}

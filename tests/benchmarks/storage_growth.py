@@ -53,7 +53,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from herald.config.settings import StorageSettings  # noqa: E402
-from herald.engine.rounds import position_rows  # noqa: E402
+from herald.engine.round.result import position_rows  # noqa: E402
 from herald.storage.lease import RENEW_S, TTL_S  # noqa: E402
 from herald.storage.properties import CHECKPOINT_INTERVAL  # noqa: E402
 from herald.storage.store import COMPACT_TARGET_BYTES, DEFAULT_RETENTION_HOURS, Slice, Slices, TableStore  # noqa: E402

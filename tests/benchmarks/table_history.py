@@ -45,7 +45,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from herald.engine.state import stored_held, stored_offsets, stored_parked  # noqa: E402
+from herald.engine.round.state import stored_held, stored_offsets, stored_parked  # noqa: E402
 from herald.storage import DeltaRsStore  # noqa: E402
 from herald.storage.history import DEFAULT_OFFSETS_RETENTION_HOURS, HistoryRetention, prune  # noqa: E402
 from herald.storage.store import TableStore  # noqa: E402

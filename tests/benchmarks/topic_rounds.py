@@ -6,12 +6,12 @@ Issue 15 §6 (`topics_scale.py`): a job with T topics of one subscription each c
 subscriptions. This isolates the part Spark charges per topic, without Kafka, HTTP or tables: the rows of one
 micro-batch of T topics (P Kafka partitions each, N JSON messages in all) are cached in one local[2] session,
 one cached partition per Kafka partition as Spark's Kafka source gives them. Each shape below projects them the
-way `herald.engine.projection` does (the JSON parsed once for the filters, `with_targets`, the message ids in the
-JVM) and hands them to a Python `mapInArrow` task that only counts its rows (so no sender runs):
+way `herald.engine.round.projection` does (the JSON parsed once for the filters, `with_targets`, the message ids
+in the JVM) and hands them to a Python `mapInArrow` task that only counts its rows (so no sender runs):
 
-- `per topic`: what the engine does now (`herald.engine.read`): each topic's rows filtered from the cached
-  batch, coalesced to its partitions, projected for its own subscription, collected in a Spark job of its own,
-  8 topics at a time (`read.MAX_TOPIC_ROUNDS` threads).
+- `per topic`: what the engine does now (`herald.engine.triggers.shared_read`): each topic's rows filtered from the
+  cached batch, coalesced to its partitions, projected for its own subscription, collected in a Spark job of its
+  own, 8 topics at a time (`shared_read.MAX_TOPIC_ROUNDS` threads).
 - `union`: the same T projections, their `mapInArrow`s unioned into one Spark job (one collect).
 - `one projection, 2 tasks`: one projection over the whole batch with every topic's subscription (T filters per
   row: more work than a topic condition would leave), coalesced to one task per core, one `mapInArrow`.
@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import pyarrow as pa  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from herald.engine.projection import position_message_id  # noqa: E402
+from herald.engine.round.projection import position_message_id  # noqa: E402
 from herald.filters.rules import FilterRule  # noqa: E402
 from herald.filters.targets import with_targets  # noqa: E402
 from herald.session import get_or_create_session  # noqa: E402
 
-THREADS = 8  # herald.engine.read.MAX_TOPIC_ROUNDS
+THREADS = 8  # herald.engine.triggers.shared_read.MAX_TOPIC_ROUNDS
 SCHEMA = "topic string, partition int, offset long, value binary"
 
 
@@ -68,7 +68,7 @@ def cached_batch(spark, topics: int, partitions: int, messages: int):
 
 
 def projected(rows, rule_sets, kafka_topic: str):
-    """`herald.engine.projection.project` for a JSON topic."""
+    """`herald.engine.round.projection.project` for a JSON topic."""
     rows = with_targets(rows, rule_sets, "value", "headers")
     goes = F.size("targets") > 0
     return position_message_id(kafka_topic, rows.select(

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from herald.config import load_config
-from herald.engine.rounds import position_rows
+from herald.engine.round.result import position_rows
 from herald.engine.runner import Runner
 from herald.source.stream import SPARK_KAFKA_CLASS, choose_connector
 from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore, open_store

@@ -11,7 +11,7 @@ import pytest
 
 from herald import readout
 from herald.config import load_config
-from herald.engine.discovering import recorded_endpoints
+from herald.engine.endpoints.discoveries import recorded_endpoints
 from herald.engine.runner import Runner
 from herald.storage import open_store
 from tests.support.herald_env import produce, wait_until, write_conf
@@ -150,7 +150,7 @@ def test_a_pin_taken_up_after_a_late_first_answer_reaches_the_running_tasks(brok
     """After a restart whose lookup does not answer at first, the pinned subscription takes its pin up from the
     table once it does: the control endpoint must then serve the pinned version (definition and pin id), or
     every running task sees a version it was not planned with and cuts the lane at its first poll."""
-    from herald.engine.control import pinned_version, version_of
+    from herald.engine.upkeep.control import pinned_version, version_of
 
     broker.create_topics({topic_name: 1})
     produce(broker.bootstrap_servers, topic_name, [{"i": i} for i in range(5)])

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from herald.cli import main
-from herald.engine.rounds import position_rows
+from herald.engine.round.result import position_rows
 from herald.storage import DeltaRsStore
 from herald.storage.maintenance import PeriodicMaintenance, maintain_tables
 from herald.storage.properties import table_properties

@@ -77,7 +77,7 @@ def test_topics_added_and_removed_while_running_replace_the_read_and_lose_nothin
     import textwrap
     from pathlib import Path
 
-    from herald.engine.read import read_root
+    from herald.engine.triggers.shared_read import read_root
     from tests.support.herald_env import wait_until, write_subscription
     from tests.support.running import RunningHerald
 
@@ -152,13 +152,13 @@ def test_the_topics_of_a_micro_batch_share_one_delivery_job_and_fall_back_to_one
     recorded: each topic delivers the batch again in a job of its own, so every message arrives (some twice:
     at least once), every position ends at the end of its topic and nothing is undelivered."""
     from herald import readout
-    from herald.engine import read as shared_read
-    from herald.engine import round_steps
+    from herald.engine.round import steps
+    from herald.engine.triggers import shared_read
 
     shared_jobs: list = []
     own_jobs: list = []
     _spy(monkeypatch, shared_read, "reports_by_round", shared_jobs, fail_first=job_fails)
-    _spy(monkeypatch, round_steps, "run_alone", own_jobs)
+    _spy(monkeypatch, steps, "run_alone", own_jobs)
     stamp = time.time_ns() % 10**8
     topics = [f"joined.t{n}_{stamp}" for n in range(8)]
     broker.create_topics({topic: 2 for topic in topics})

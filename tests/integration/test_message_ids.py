@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from herald.delivery.message import message_id
-from herald.engine.projection import position_digest, position_message_id, with_position_ids
+from herald.engine.round.projection import position_digest, position_message_id, with_position_ids
 
 
 def test_the_jvm_gives_every_position_the_id_python_gives_it(spark):

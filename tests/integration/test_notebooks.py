@@ -12,8 +12,8 @@ from confluent_kafka import Producer
 
 from herald.config import load_config
 from herald.engine.context import now_ms
-from herald.engine.pinning import PINNED, START, TIMEOUT, UNPINNED, Advisory
-from herald.engine.priority import advisory_rows
+from herald.engine.endpoints.pin_group import PINNED, START, TIMEOUT, UNPINNED, Advisory
+from herald.engine.endpoints.priority_groups import advisory_rows
 from herald.engine.runner import Runner
 from herald.notebooks import ANSWER_CLASSES
 from herald.storage import DeltaRsStore, Slice

@@ -22,8 +22,8 @@ from herald.delivery.oauth import TOKENS
 from herald.delivery.plan import TaskPlan
 from herald.delivery.sender import TaskSender
 from herald.delivery.transport import open_transport
-from herald.engine.planner import lane_plan
-from herald.engine.state import SubscriptionState
+from herald.engine.round.planner import lane_plan
+from herald.engine.round.state import SubscriptionState
 from tests.support.oauth_server import TokenEndpoint
 from tests.support.subscriber import Received, Reply, ScriptedSubscriber
 from tests.support.tls_certs import TestPki

@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from herald.config import load_config
+from herald.engine.round.state import stored_positions
 from herald.engine.runner import Runner
-from herald.engine.state import stored_positions
 from herald.storage import DeltaRsStore
 from tests.support.herald_env import produce, write_conf
 from tests.support.subscriber import Reply, ScriptedSubscriber

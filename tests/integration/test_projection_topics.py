@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from herald.config import load_config
 from herald.config.model import ContentType
-from herald.engine.projection import project, project_topics
+from herald.engine.round.projection import project, project_topics
 from tests.support.herald_env import write_topics_conf
 
 KAFKA_ROWS = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "

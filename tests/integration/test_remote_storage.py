@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from herald.config import load_config
-from herald.engine.moves import plan_move, record_move
-from herald.engine.read import read_checkpoint
+from herald.engine.round.state import stored_positions
 from herald.engine.runner import Runner
-from herald.engine.state import stored_positions
+from herald.engine.triggers.shared_read import read_checkpoint
+from herald.engine.upkeep.moves import plan_move, record_move
 from herald.storage import DeltaRsStore
 from tests.support.herald_env import produce, write_conf
 from tests.support.subscriber import ScriptedSubscriber

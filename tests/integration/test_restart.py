@@ -15,13 +15,13 @@ import pytest
 
 from herald.delivery.message import Record, RetryState
 from herald.delivery.report import SUCCESS, Carried, LaneReport, Parked
-from herald.engine import round_steps as steps
 from herald.engine.context import now_ms
-from herald.engine.fanout import Participant
-from herald.engine.moves import Move
-from herald.engine.planner import lane_plan
-from herald.engine.rounds import CATCHUP, RoundResult, SubscriptionOutcome
-from herald.engine.state import stored_offsets
+from herald.engine.round import steps
+from herald.engine.round.fanout import Participant
+from herald.engine.round.planner import lane_plan
+from herald.engine.round.result import CATCHUP, RoundResult, SubscriptionOutcome
+from herald.engine.round.state import stored_offsets
+from herald.engine.upkeep.moves import Move
 from herald.storage import DeltaRsStore
 from herald.storage.history import HistoryRetention
 from herald.storage.maintenance import maintain_tables

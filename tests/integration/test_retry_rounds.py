@@ -14,9 +14,9 @@ from herald.config import load_config
 from herald.delivery.message import Record, RetryState
 from herald.delivery.report import Parked
 from herald.engine.context import EngineContext, now_ms, stamp_ms
-from herald.engine.retries import RetryDriver
+from herald.engine.round.state import stored_positions
 from herald.engine.runner import Runner
-from herald.engine.state import stored_positions
+from herald.engine.triggers.retry_driver import RetryDriver
 from herald.storage import DeltaRsStore, TableWriter
 from herald.storage.tables import RETRIES
 from tests.support.herald_env import produce, write_conf
@@ -90,12 +90,12 @@ def test_a_round_records_delivered_discarded_and_retrying_messages_each_once(tmp
 def test_parked_messages_reach_the_retry_driver_only_after_their_parked_rows(tmp_path):
     """A round's parked messages go to the retry driver once its rows are handed to the writer, and a retry
     round's rows are stamped later: however fast the retry, a message's newest row is its latest state."""
-    from herald.engine import round_steps as steps
-    from herald.engine.fanout import Participant
-    from herald.engine.planner import lane_plan
-    from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome
-    from herald.engine.state import SubscriptionState
-    from herald.engine.topic import TopicPipeline
+    from herald.engine.round import steps
+    from herald.engine.round.fanout import Participant
+    from herald.engine.round.pipeline import TopicPipeline
+    from herald.engine.round.planner import lane_plan
+    from herald.engine.round.result import STREAM, RoundResult, SubscriptionOutcome
+    from herald.engine.round.state import SubscriptionState
 
     with ScriptedSubscriber() as sub:
         driver, subscription = _driver(tmp_path, sub.url)
@@ -159,11 +159,11 @@ def test_a_carried_state_the_position_passes_ends_with_what_really_happened_to_i
     it, Kafka deleted it)."""
     from herald.delivery.report import DISCARDED as DISCARDED_STEP
     from herald.delivery.report import SUCCESS
-    from herald.engine.fanout import Participant
-    from herald.engine.planner import lane_plan
-    from herald.engine.rounds import SubscriptionOutcome
-    from herald.engine.state import SubscriptionState
-    from herald.engine.topic import TopicPipeline
+    from herald.engine.round.fanout import Participant
+    from herald.engine.round.pipeline import TopicPipeline
+    from herald.engine.round.planner import lane_plan
+    from herald.engine.round.result import SubscriptionOutcome
+    from herald.engine.round.state import SubscriptionState
 
     with ScriptedSubscriber() as sub:
         driver, subscription = _driver(tmp_path, sub.url)
@@ -203,7 +203,7 @@ def test_a_replayed_micro_batch_recorded_before_the_crash_keeps_its_parked_and_u
         assert Runner(load_config(conf), spark=spark).run(once=True) == 0
         from pathlib import Path
 
-        from herald.engine.read import read_checkpoint
+        from herald.engine.triggers.shared_read import read_checkpoint
 
         commits = Path(read_checkpoint(str(tmp_path / "storage"), [topic_name])) / "commits"
         last = max(int(name) for name in os.listdir(commits) if name.isdigit())
@@ -239,11 +239,11 @@ def test_parked_messages_not_due_cost_no_round_and_no_row(tmp_path):
 
 
 def test_parked_messages_of_a_topics_old_log_end_discarded_before_a_new_message_takes_their_offset(tmp_path):
-    """The topic was created again (herald.engine.resets): offsets from 2 on belong to new messages. The reset
+    """The topic was created again (herald.engine.round.resets): offsets from 2 on belong to new messages. The reset
     takes the old parked messages there out and gets their DISCARDED outcome (bodies kept) and a stamp; a new
     message parked at offset 3 afterwards is newer, so after a restart it is the one parked there; 0 and 1 stay."""
-    from herald.engine import round_steps as steps
-    from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome
+    from herald.engine.round import steps
+    from herald.engine.round.result import RETRY, RoundResult, SubscriptionOutcome
     from herald.storage.tables import UNDELIVERED
 
     with ScriptedSubscriber() as sub:

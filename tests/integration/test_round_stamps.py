@@ -11,15 +11,15 @@ from __future__ import annotations
 import datetime as dt
 
 from herald.config import load_config
-from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext
-from herald.engine.fanout import Participant
-from herald.engine.moves import Move
-from herald.engine.planner import lane_plan
-from herald.engine.retries import RetryDriver
-from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome
-from herald.engine.state import SubscriptionState, stored_positions
-from herald.engine.topic import TopicPipeline
+from herald.engine.round import steps
+from herald.engine.round.fanout import Participant
+from herald.engine.round.pipeline import TopicPipeline
+from herald.engine.round.planner import lane_plan
+from herald.engine.round.result import STREAM, RoundResult, SubscriptionOutcome
+from herald.engine.round.state import SubscriptionState, stored_positions
+from herald.engine.triggers.retry_driver import RetryDriver
+from herald.engine.upkeep.moves import Move
 from herald.storage import DeltaRsStore, TableWriter
 from tests.support.herald_env import write_conf
 

@@ -1,4 +1,4 @@
-"""The task function of a Spark job shared by several topics' rounds (`herald.engine.task.rounds_task`), run as
+"""The task function of a Spark job shared by several topics' rounds (`herald.engine.round.task.rounds_task`), run as
 `mapInArrow` runs it, on Arrow batches shaped as `projection.project_topics` gives them, against a real HTTP
 subscriber on 127.0.0.1 (no Spark: the function alone).
 """
@@ -13,8 +13,8 @@ import pytest
 
 from herald.delivery.message import message_id
 from herald.delivery.plan import TaskPlan
-from herald.engine.fanout import reports_by_round
-from herald.engine.task import ROUND, rounds_task, split_rounds
+from herald.engine.round.fanout import reports_by_round
+from herald.engine.round.task import ROUND, rounds_task, split_rounds
 from tests.support.delivery import lane_plan
 from tests.support.subscriber import ScriptedSubscriber
 

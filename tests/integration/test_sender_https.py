@@ -22,8 +22,8 @@ from herald.delivery.policy import EndedBy
 from herald.delivery.sender import TaskSender
 from herald.delivery.tls import TlsSettings
 from herald.delivery.transport import HttpRequest, open_transport
-from herald.engine.planner import lane_plan
-from herald.engine.state import SubscriptionState
+from herald.engine.round.planner import lane_plan
+from herald.engine.round.state import SubscriptionState
 from tests.support.delivery import lane_plan as default_lane_plan
 from tests.support.delivery import retry_policy
 from tests.support.subscriber import ScriptedSubscriber

@@ -10,7 +10,7 @@ import os
 import pytest
 from deltalake import DeltaTable
 
-from herald.engine.rounds import position_rows
+from herald.engine.round.result import position_rows
 from herald.storage.local_files import log_files
 from herald.storage.properties import table_properties
 from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore
@@ -73,7 +73,7 @@ def test_a_new_delta_spark_table_has_herald_properties_takes_merged_rounds_and_m
 def test_delta_spark_deletes_the_same_history_as_delta_rs_and_keeps_where_things_stand(spark, tmp_path):
     """The history retention of a job on delta-spark (its own SQL: backtick identifiers, `DELETE`), over the rows
     test_maintenance.py checks with delta-rs: the same rows are left, read back by either engine."""
-    from herald.engine.state import stored_parked
+    from herald.engine.round.state import stored_parked
     from herald.storage import DeltaRsStore
     from herald.storage.history import HistoryRetention, prune
     from herald.storage.tables import METRICS, RETRIES, TRACKING

@@ -23,8 +23,8 @@ import yaml
 from herald import readout
 from herald.avro.jvm import SPARK_AVRO_CLASS
 from herald.config import load_config
-from herald.engine.moves import retransmit
 from herald.engine.runner import Runner
+from herald.engine.upkeep.moves import retransmit
 from herald.storage import DeltaRsStore
 from herald.storage.store import DELTA_SPARK_CLASS
 from herald.storage.tables import RETRIES

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
-from herald.engine.rounds import position_rows
+from herald.engine.round.result import position_rows
 from herald.storage import DeltaRsStore
 from herald.storage.store import Slice
 from herald.storage.tables import OFFSETS
@@ -108,7 +108,7 @@ def _offsets_rows(pipeline) -> list[dict]:
 
 
 def _stored_equal_to_live(pipeline) -> None:
-    from herald.engine.state import StateBook, stored_positions
+    from herald.engine.round.state import StateBook, stored_positions
 
     stored = stored_positions(pipeline.context.store)
     for state in pipeline.states.values():
@@ -122,8 +122,8 @@ def test_catch_up_rounds_that_move_no_position_write_no_offsets_row(tmp_path):
     """A subscriber that holds everything back: 40 catch-up rounds of both subscriptions read 100..110 of partition
     0 and attempt nothing. Their positions stay where they are, and so do the tables: no offsets row is added
     (each round used to add one per subscription and partition it covered)."""
-    from herald.engine import round_steps as steps
-    from herald.engine.rounds import CATCHUP, RoundResult
+    from herald.engine.round import steps
+    from herald.engine.round.result import CATCHUP, RoundResult
 
     pipeline = job(tmp_path)
     context, states = pipeline.context, list(pipeline.states.values())
@@ -185,10 +185,10 @@ def test_a_replayed_micro_batch_that_moved_no_position_is_delivered_again_and_on
 
 
 def test_a_topic_id_learnt_is_written_once_though_no_position_moves(tmp_path):
-    """The offsets rows name the Kafka topic id their positions are in (engine/resets.py reads it at a restart).
+    """The offsets rows name the Kafka topic id their positions are in (engine/round/resets.py reads it at a restart).
     An id the job learns (rows written before it was known name none) is written with the next round's
     positions, moved or not; then rounds that move nothing write nothing again."""
-    from herald.engine.state import stored_offsets
+    from herald.engine.round.state import stored_offsets
 
     pipeline = job(tmp_path)
     pipeline.check_log({p: (100, 100) for p in range(PARTITIONS)}, "id-1")

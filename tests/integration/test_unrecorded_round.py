@@ -12,10 +12,10 @@ import pytest
 
 from herald.delivery.message import Record, RetryState
 from herald.delivery.report import Parked
-from herald.engine import round_steps as steps
 from herald.engine.context import now_ms
-from herald.engine.rounds import STREAM, RoundResult
-from herald.engine.state import stored_positions
+from herald.engine.round import steps
+from herald.engine.round.result import STREAM, RoundResult
+from herald.engine.round.state import stored_positions
 from herald.storage.tables import METRICS
 from tests.integration.test_round_stamps import TOPIC, _pipeline, _record, _round_over
 

@@ -7,8 +7,8 @@ import datetime as dt
 
 import pyarrow as pa
 
-from herald.engine.rounds import position_rows
-from herald.engine.state import stored_held, stored_offsets
+from herald.engine.round.result import position_rows
+from herald.engine.round.state import stored_held, stored_offsets
 from herald.storage.store import TableStore
 from herald.storage.tables import (
     ADVISORIES,

@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from herald.engine.exporter import PrometheusExporter
+from herald.engine.upkeep.exporter import PrometheusExporter
 
 
 def samples(exporter: PrometheusExporter) -> dict[tuple[str, tuple], float]:

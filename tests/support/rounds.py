@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from herald.config import load_config
 from herald.delivery.report import LaneReport, TaskReport
 from herald.engine.context import EngineContext
-from herald.engine.retries import RetryDriver
-from herald.engine.state import StateBook
-from herald.engine.topic import TopicPipeline
+from herald.engine.round.pipeline import TopicPipeline
+from herald.engine.round.state import StateBook
+from herald.engine.triggers.retry_driver import RetryDriver
 from herald.storage import DeltaRsStore, TableWriter
 from tests.support.herald_env import write_conf
 

@@ -12,8 +12,8 @@ from herald.avro import registry as registry_module
 from herald.avro.decode import AvroSource, DecodeError, decode_batches
 from herald.avro.jvm import SUBJECT_RETRY_S, SUBJECT_TTL_S, RegistryPlans
 from herald.avro.registry import RegistryUnavailableError, SchemaRegistryError, clear_cache
-from herald.engine.catchup import failure_backoff_s
-from herald.engine.supervision import outage, short_error
+from herald.engine.triggers.catchup import failure_backoff_s
+from herald.engine.triggers.supervision import outage, short_error
 from tests.conftest import free_port
 from tests.support.clock import FakeClock
 from tests.support.registry import SchemaRegistryServer, wire_bytes

@@ -107,7 +107,7 @@ def test_a_parked_member_resumes_at_its_endpoint_by_name_when_the_set_changed_an
     """docs/design.md §7: the driver names the endpoints a state still owes (`named`) and finds them by name
     in the next round's targets (`placed`); an endpoint that left comes after them (`departed`), for the owed
     members only, never for a new message."""
-    from herald.engine.planner import named, placed
+    from herald.engine.round.planner import named, placed
 
     C = Target("http://c/", shown="http://c/")  # noqa: N806 - named as the module's A and B are
     clock = FakeClock()

@@ -1,4 +1,4 @@
-"""Which subscriptions a catch-up round takes and how far it reads (herald.engine.catchup.CatchUp._group), with
+"""Which subscriptions a catch-up round takes and how far it reads (herald.engine.triggers.catchup.CatchUp._group), with
 stand-ins for the topic: a subscription flow control slowed to probes reads a probe's worth, not a whole
 maxOffsetsPerTrigger (the soak benchmark's failing neighbours cost a 10,000-record Spark job a minute each)."""
 
@@ -9,8 +9,8 @@ import types
 
 from herald.config import load_config
 from herald.delivery.flow import FlowMode, FlowState
-from herald.engine.catchup import THROTTLED_ROWS, CatchUp
-from herald.engine.state import SubscriptionState
+from herald.engine.round.state import SubscriptionState
+from herald.engine.triggers.catchup import THROTTLED_ROWS, CatchUp
 from tests.support.config_files import write_conf
 
 

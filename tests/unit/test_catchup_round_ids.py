@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from herald.engine.catchup import CatchUp
+from herald.engine.triggers.catchup import CatchUp
 
 
 def test_a_topics_catch_up_started_again_never_reuses_a_round_id():

@@ -1,6 +1,6 @@
-"""The driver's control endpoint (herald.engine.control) and the tasks' poller (herald.delivery.control): bound as
-Spark's driver binds, advertised at the driver host, and a task that cannot reach it said once by the driver.
-Real sockets on this machine, no Spark."""
+"""The driver's control endpoint (herald.engine.upkeep.control) and the tasks' poller (herald.delivery.control):
+bound as Spark's driver binds, advertised at the driver host, and a task that cannot reach it said once by the
+driver. Real sockets on this machine, no Spark."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from herald.delivery.control import ControlPoller
 from herald.delivery.report import TaskReport
-from herald.engine.control import ControlServer
+from herald.engine.upkeep.control import ControlServer
 
 NOT_HERE = "192.0.2.1"  # TEST-NET-1: no address of this machine, as a NAT's public address is not
 
@@ -91,7 +91,7 @@ def test_a_task_that_cannot_reach_it_says_so_and_the_driver_logs_it_once(caplog)
 
     server = ControlServer("127.0.0.1", "127.0.0.1")
     try:
-        with caplog.at_level("WARNING", logger="herald.engine.control"):
+        with caplog.at_level("WARNING", logger="herald.engine.upkeep.control"):
             server.note_reports([TaskReport(task="ok")])
             assert "cannot reach" not in caplog.text
             server.note_reports([back])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from herald.config.model import Subscription
 from herald.delivery.report import Discarded
-from herald.engine.deadletter import DeadLetterPublisher, dead_letters
-from herald.engine.rounds import RoundResult, SubscriptionOutcome
+from herald.engine.round.result import RoundResult, SubscriptionOutcome
+from herald.engine.upkeep.dead_letters import DeadLetterPublisher, dead_letters
 
 
 def discarded(offset: int, **fields) -> Discarded:
@@ -131,9 +131,9 @@ def test_letters_still_in_flight_when_a_flush_gives_up_come_back_with_their_repo
 
 
 def test_while_kafka_is_down_at_most_max_pending_letters_wait(monkeypatch, caplog):
-    from herald.engine import deadletter
+    from herald.engine.upkeep import dead_letters as dead_letters_module
 
-    monkeypatch.setattr(deadletter, "MAX_PENDING", 5)
+    monkeypatch.setattr(dead_letters_module, "MAX_PENDING", 5)
     producers = []
     publisher = DeadLetterPublisher({"bootstrap.servers": "x"}, lambda config: producers.append(
         FlakyProducer(config)) or producers[-1])

@@ -1,6 +1,6 @@
-"""Discovery (herald.engine.discovery, herald.engine.discovering), on a fake clock with a fake HTTP GET: answers
-made into URLs, the set as the union of each lookup's last good answer, the poll schedule, holds and wake-ups,
-the recorded set, and the priority group following the set."""
+"""Discovery (herald.engine.endpoints.lookups, herald.engine.endpoints.discoveries), on a fake clock with a fake HTTP
+GET: answers made into URLs, the set as the union of each lookup's last good answer, the poll schedule, holds and
+wake-ups, the recorded set, and the priority group following the set."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from herald.config import load_config
 from herald.config.endpoints import Discovery
-from herald.engine.discovering import FAILED, OK, Discoveries, recorded_endpoints
-from herald.engine.discovery import EndpointSet, PollSchedule, parse_answer
-from herald.engine.priority import HELD, Priority
+from herald.engine.endpoints.discoveries import FAILED, OK, Discoveries, recorded_endpoints
+from herald.engine.endpoints.lookups import EndpointSet, PollSchedule, parse_answer
+from herald.engine.endpoints.priority_groups import HELD, Priority
 from herald.storage import open_store
 from tests.support.clock import FakeClock
 from tests.support.config_files import write_conf
@@ -135,7 +135,7 @@ def job(tmp_path, subscription=DISCOVERING, with_store=True):
 
 
 def test_the_job_holds_a_subscription_until_an_endpoint_is_discovered_then_wakes_delivery(tmp_path, caplog):
-    caplog.set_level("INFO", logger="herald.engine.discovering")
+    caplog.set_level("INFO", logger="herald.engine.endpoints.discoveries")
     config, clock, lookups, discoveries = job(tmp_path)
     (subscription,) = config.subscriptions
     woken, polls = [], []
@@ -252,9 +252,9 @@ def test_herald_endpoints_shows_the_recorded_set_offline_passwords_masked(tmp_pa
 def test_the_endpoints_a_job_remembers_are_bounded_the_most_recently_seen_kept(tmp_path, monkeypatch):
     """A job whose lookups name a new endpoint at every poll runs for months: it remembers the most recently
     seen `MAX_KNOWN` (their credentials, for a departed BROADCAST member), not every one ever seen."""
-    from herald.engine import discovering
+    from herald.engine.endpoints import discoveries as discoveries_module
 
-    monkeypatch.setattr(discovering, "MAX_KNOWN", 3)
+    monkeypatch.setattr(discoveries_module, "MAX_KNOWN", 3)
     config, clock, lookups, discoveries = job(tmp_path, with_store=False)
     discoveries.configure(config.subscriptions)
     for n in range(6):

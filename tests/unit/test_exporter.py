@@ -7,8 +7,8 @@ from __future__ import annotations
 from herald.config.model import Subscription
 from herald.delivery.flow import FlowMode, FlowState
 from herald.delivery.report import LaneCounters
-from herald.engine.exporter import PrometheusExporter
-from herald.engine.rounds import RoundResult, SubscriptionOutcome
+from herald.engine.round.result import RoundResult, SubscriptionOutcome
+from herald.engine.upkeep.exporter import PrometheusExporter
 from tests.support.prometheus import samples
 
 

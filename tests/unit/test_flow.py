@@ -265,7 +265,7 @@ def test_the_tasks_windows_merge_into_one_whatever_their_order():
 def test_the_driver_counts_the_time_between_rounds_in_the_window():
     """The driver ages the carried window by its own clock (monotonic seconds) between rounds, and measures a
     round no task closed the window in itself: the time Spark takes to start and end the tasks counts too."""
-    from herald.engine.state import SubscriptionState
+    from herald.engine.round.state import SubscriptionState
 
     state = SubscriptionState(subscription=None)  # type: ignore[arg-type]
     assert state.flow_now(100.0) == FlowState(), "no round yet: the window starts with the first round"

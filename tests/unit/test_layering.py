@@ -1,6 +1,7 @@
 """The packages' layers: the executor side (herald.delivery) imports no pyspark, no engine and no configuration
 models, so it is tested without Spark and ships light to Spark's Python workers; the sources (herald.source) and
-the tables (herald.storage) import no engine. Imports inside functions count."""
+the tables (herald.storage) import no engine; inside the engine, its wings (round/, triggers/, endpoints/,
+upkeep/) import downwards only, in an order of their own. Imports inside functions count."""
 
 from __future__ import annotations
 
@@ -78,3 +79,61 @@ def test_imports_go_down_the_layers_only():
             if RANK[parts[1]] >= RANK[me]:
                 upward.add(f"{path.relative_to(SRC)}: {name}")
     assert upward == set()
+
+
+# Inside engine/ (docs/design.md, "Where things are"): runner.py at the top, then the wings, each importing only
+# from a lower one or itself; context.py (what every round shares) sits beside upkeep/, below the rounds that get
+# it and above the endpoints it asks. Measured when the wings were made, not chosen.
+ENGINE_LAYERS = (
+    ("runner",),
+    ("triggers",),
+    ("round",),
+    ("context", "upkeep"),
+    ("endpoints",),
+    ("__init__",),
+)
+ENGINE_RANK = {name: len(ENGINE_LAYERS) - level for level, names in enumerate(ENGINE_LAYERS) for name in names}
+
+# The imports that go up, each one named: a new one fails the test, and so does one of these gone (then drop it).
+ENGINE_UPWARD = {
+    # A topic's pipeline makes its own catch-up (`self.catchup = CatchUp(self)`), which runs its rounds through
+    # round/steps.py: round/ and triggers/ import each other.
+    "herald/engine/round/pipeline.py: herald.engine.triggers.catchup.CatchUp",
+    # `herald retransmit` (moves.retransmit) starts from the stored positions, inside the function: upkeep/ and
+    # round/ import each other (the pipeline applies moves, moves.applied_tables).
+    "herald/engine/upkeep/moves.py: herald.engine.round.state.stored_positions",
+}
+
+
+def engine_imported(path: Path) -> set[str]:
+    """What `path` imports from herald.engine, as dotted names down to the imported name (so that `from
+    herald.engine.round import steps` says which wing it takes)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name.startswith("herald.engine.")}
+
+
+def wing_of(path: Path) -> str:
+    """The wing (or top-level module) of engine/ that `path` belongs to."""
+    parts = path.relative_to(SRC / "herald" / "engine").parts
+    return parts[0] if len(parts) > 1 else path.stem
+
+
+def test_every_engine_wing_has_a_layer():
+    wings = {wing_of(path) for path in modules("engine")}
+    assert wings - set(ENGINE_RANK) == set(), "place it in ENGINE_LAYERS"
+
+
+def test_engine_imports_go_down_the_wings_only():
+    upward = set()
+    for path in modules("engine"):
+        me = wing_of(path)
+        for name in engine_imported(path):
+            wing = name.split(".")[2]
+            if wing != me and ENGINE_RANK[wing] >= ENGINE_RANK[me]:
+                upward.add(f"{path.relative_to(SRC)}: {name}")
+    assert upward == ENGINE_UPWARD

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from herald.cli.parser import join_relative_dates
-from herald.engine.moves import MoveError, parse_date
+from herald.engine.upkeep.moves import MoveError, parse_date
 
 NOW = dt.datetime(2026, 11, 24, 12, 0, tzinfo=dt.timezone.utc)
 

@@ -143,7 +143,7 @@ def test_validate_names_an_unknown_provider_missing_credentials_and_basic_creden
 
 def test_secrets_are_never_shown(tmp_path, monkeypatch, capsys):
     from herald.cli import main
-    from herald.engine.planner import token_source
+    from herald.engine.round.planner import token_source
 
     monkeypatch.setenv("CLIENT_SECRET", "client-s3cret")
     monkeypatch.setenv("OWNER_PASSWORD", "owner-s3cret")

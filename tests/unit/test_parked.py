@@ -1,12 +1,12 @@
-"""The parked messages on the driver's disk (herald.engine.parked): what is due when, counts, versions that tell a
-round whether the message it took is still the one parked, and the messages a topic's new log takes out."""
+"""The parked messages on the driver's disk (herald.engine.triggers.parked): what is due when, counts, versions that
+tell a round whether the message it took is still the one parked, and the messages a topic's new log takes out."""
 
 from __future__ import annotations
 
 import pytest
 
 from herald.delivery.message import Record, RetryState
-from herald.engine.parked import ParkedRegistry
+from herald.engine.triggers.parked import ParkedRegistry
 
 
 def _parked(offset: int, due_ms: int, partition: int = 0) -> tuple[Record, RetryState]:

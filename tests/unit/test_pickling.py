@@ -11,9 +11,9 @@ from herald.config.model import Subscription
 from herald.config.policies import SerialPolicy
 from herald.delivery.flow import FlowSettings
 from herald.delivery.plan import TaskPlan
-from herald.engine.planner import lane_plan
-from herald.engine.state import SubscriptionState
-from herald.engine.task import delivery_task
+from herald.engine.round.planner import lane_plan
+from herald.engine.round.state import SubscriptionState
+from herald.engine.round.task import delivery_task
 
 
 def subscription() -> Subscription:

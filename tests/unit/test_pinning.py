@@ -1,6 +1,7 @@
-"""The pin's state machine (herald.engine.pinning): who is pinned, when the pin is lost, and what comes next."""
+"""The pin's state machine (herald.engine.endpoints.pin_group): who is pinned, when the pin is lost, and what comes
+next."""
 
-from herald.engine.pinning import (
+from herald.engine.endpoints.pin_group import (
     ADMIN,
     ENDPOINT_REMOVED,
     PINNED,
@@ -144,7 +145,7 @@ def test_a_round_of_an_earlier_pin_changes_nothing_of_the_new_one():
 
 
 def test_the_advisory_message_is_shaped_like_nats_consumer_group_advisories():
-    from herald.engine.advisories import advisory_message
+    from herald.engine.endpoints.advisories import advisory_message
 
     message = advisory_message(Advisory(UNPINNED, "g.t.s", "http://u:*****@h/o", "pin-1", TIMEOUT, T0 + 5))
     assert message["type"] == "io.herald.advisory.v1.unpinned"

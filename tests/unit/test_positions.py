@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from herald.delivery.report import LaneReport, TaskReport
-from herald.engine.planner import split_inflight
-from herald.engine.positions import advance, behind, catch_up_ranges, earliest
+from herald.engine.round.planner import split_inflight
+from herald.engine.round.positions import advance, behind, catch_up_ranges, earliest
 
 
 def task(progress: dict[int, int], exhausted: bool = True, **lanes: LaneReport) -> TaskReport:
@@ -70,8 +70,8 @@ def test_parked_messages_get_at_most_half_the_inflight_and_the_reading_path_neve
 def test_catch_up_waits_only_while_every_partition_behind_is_held_by_something_not_due():
     from herald.config import Subscription
     from herald.delivery.message import RetryState
-    from herald.engine.catchup import _waiting_for_retry
-    from herald.engine.state import SubscriptionState
+    from herald.engine.round.state import SubscriptionState
+    from herald.engine.triggers.catchup import _waiting_for_retry
 
     now = 1_000_000
     batch = Subscription(topicName="g.t", name="b", endpoint="http://127.0.0.1:9/", deliveryType="BATCH",
@@ -95,8 +95,8 @@ def test_once_stops_for_an_ordered_subscription_only_when_every_partition_behind
     from herald.config import Subscription
     from herald.delivery.message import RetryState
     from herald.engine.context import now_ms
+    from herald.engine.round.state import SubscriptionState
     from herald.engine.runner import _held
-    from herald.engine.state import SubscriptionState
 
     now = now_ms()
     batch = Subscription(topicName="g.t", name="b", endpoint="http://127.0.0.1:9/", deliveryType="BATCH",
@@ -119,7 +119,7 @@ def test_a_partition_added_to_the_topic_is_read_from_its_start_and_never_skipped
     subscription stopped part-way through it (the deadline) keeps its place there instead of jumping to the end."""
     import json
 
-    from herald.engine.checkpoint import batch_ranges
+    from herald.engine.triggers.checkpoint import batch_ranges
 
     offsets = tmp_path / "offsets"
     offsets.mkdir()
@@ -132,7 +132,7 @@ def test_a_partition_added_to_the_topic_is_read_from_its_start_and_never_skipped
 
 
 def test_a_range_read_from_above_its_start_or_with_a_hole_is_lost_only_below_kafkas_low_watermark():
-    from herald.engine.positions import holes, lost_ranges, unread_ranges
+    from herald.engine.round.positions import holes, lost_ranges, unread_ranges
 
     ranges = {0: (5, 15), 1: (0, 4), 2: (3, 9), 3: (2, 2), 4: (0, 20)}
     reports = [TaskReport("t1", progress={0: 15}, firsts={0: 10}),
@@ -155,7 +155,7 @@ def test_a_transactional_topics_holes_are_not_losses_and_a_retention_jump_after_
     at, not losses. A read that fell behind retention after them and jumped to the log's start (the low
     watermark, 250) lost what it jumped over: reported, recorded."""
     from herald.delivery.sender import _gaps
-    from herald.engine.positions import holes, lost_ranges, unread_ranges
+    from herald.engine.round.positions import holes, lost_ranges, unread_ranges
 
     read = list(range(0, 200, 2)) + list(range(250, 260))
     report = TaskReport("t", progress={0: 260}, firsts={0: 0}, gaps={0: _gaps(np.array(read))})
@@ -172,7 +172,7 @@ def test_the_last_logged_batch_is_the_last_one_that_may_replay_and_a_checkpoint_
     must stop the read from starting on it, as its query id and batch ids would be reused."""
     import shutil
 
-    from herald.engine import checkpoint
+    from herald.engine.triggers import checkpoint
 
     root = tmp_path / "cp"
     assert checkpoint.last_logged(None, str(root)) is None

@@ -1,11 +1,11 @@
-"""Priority groups for a job (herald.engine.priority) over a real delta-rs advisories table, and their
+"""Priority groups for a job (herald.engine.endpoints.priority_groups) over a real delta-rs advisories table, and their
 configuration: pins recorded before use, taken up after a restart, given up by `herald unpin`."""
 
 from __future__ import annotations
 
 from herald.config import load_config
-from herald.engine.pinning import PinNews
-from herald.engine.priority import HELD, Priority, last_advisories, recorded_state, unpin
+from herald.engine.endpoints.pin_group import PinNews
+from herald.engine.endpoints.priority_groups import HELD, Priority, last_advisories, recorded_state, unpin
 from herald.storage import open_store
 from tests.support.config_files import SUBSCRIPTION, problems_of, write_conf
 
@@ -264,7 +264,7 @@ def test_a_job_that_lost_its_lease_switches_no_pin(tmp_path):
 
 def test_a_new_pin_is_not_throttled_by_what_the_old_one_taught_the_flow_controller(tmp_path):
     from herald.delivery.flow import FlowMode, FlowState
-    from herald.engine.state import SubscriptionState
+    from herald.engine.round.state import SubscriptionState
 
     config, _ = setup(tmp_path)
     state = SubscriptionState(config.subscription("shop.orders.billing"))

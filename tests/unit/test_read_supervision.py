@@ -1,8 +1,8 @@
 """How `Topics` keeps the job's shared read going (docs/design.md §2): which topic a failure is blamed on, when the
 read starts again, and that no failure record outlives the read it was about. The state machine of
-`herald.engine.topics` on a fake clock: the reads (`SharedRead`), Kafka's metadata and the checkpoints are stand-ins
-that say what the real ones would; Spark and Kafka themselves run in tests/integration (test_topic_failures.py,
-test_many_topics.py).
+`herald.engine.triggers.topics` on a fake clock: the reads (`SharedRead`), Kafka's metadata and the checkpoints are
+stand-ins that say what the real ones would; Spark and Kafka themselves run in tests/integration
+(test_topic_failures.py, test_many_topics.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import types
 
 import pytest
 
-import herald.engine.topics as topics_module
-from herald.engine.supervision import ONCE_RESTARTS, QuerySupervisor
+import herald.engine.triggers.topics as topics_module
+from herald.engine.triggers.supervision import ONCE_RESTARTS, QuerySupervisor
 from herald.source.kafka_offsets import UnknownTopicError
 from tests.support.clock import FakeClock
 

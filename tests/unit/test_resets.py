@@ -1,9 +1,9 @@
-"""Offsets that go back (herald.engine.resets): when a topic created again, or a partition's log cut, is a reset,
+"""Offsets that go back (herald.engine.round.resets): when a topic created again, or a partition's log cut, is a reset,
 where each subscription goes on, and what it lost."""
 
 from __future__ import annotations
 
-from herald.engine.resets import PartitionReset, find_reset, known_ends, reset_subscription, went_back
+from herald.engine.round.resets import PartitionReset, find_reset, known_ends, reset_subscription, went_back
 
 
 def test_an_end_below_what_the_job_knew_is_a_new_log_when_no_id_says_otherwise():

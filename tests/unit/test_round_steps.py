@@ -10,11 +10,11 @@ import pytest
 
 from herald.config import load_config
 from herald.delivery.flow import FlowSettings
-from herald.engine import round_steps as steps
-from herald.engine.fanout import Participant
-from herald.engine.priority import Priority
-from herald.engine.state import SubscriptionState
-from herald.engine.topic import TopicPipeline
+from herald.engine.endpoints.priority_groups import Priority
+from herald.engine.round import steps
+from herald.engine.round.fanout import Participant
+from herald.engine.round.pipeline import TopicPipeline
+from herald.engine.round.state import SubscriptionState
 from tests.support.config_files import SUBSCRIPTION, write_conf
 
 

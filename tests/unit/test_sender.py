@@ -376,7 +376,7 @@ def test_the_next_permit_crosses_hosts_as_a_duration_so_a_skewed_clock_never_sta
     first permit is the carried 0.5 s after the plan, whatever the executors' clocks, and its messages go out
     (before, the epoch instant from the fast clock read 2 s away on the other host and the lane settled with
     nothing attempted)."""
-    from herald.engine.state import SubscriptionState
+    from herald.engine.round.state import SubscriptionState
 
     ahead = FakeClock(wall_start_ms=1_800_000_001_500)
     report, transport, _ = run({0: lane(rate_per_s=2.0)}, [batch([(record(0, 0), (0,))])], ok(0.001), clock=ahead)

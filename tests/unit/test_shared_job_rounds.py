@@ -1,12 +1,13 @@
-"""Which of a micro-batch's topic rounds share its delivery job (`herald.engine.read.shared_job_rounds`): the
-small JSON ones, smallest first, up to a bound on their offsets; AVRO topics and what does not fit alone."""
+"""Which of a micro-batch's topic rounds share its delivery job
+(`herald.engine.triggers.shared_read.shared_job_rounds`): the small JSON ones, smallest first, up to a bound on their
+offsets; AVRO topics and what does not fit alone."""
 
 from __future__ import annotations
 
 import types
 
 from herald.config.model import ContentType
-from herald.engine.read import shared_job_rounds
+from herald.engine.triggers.shared_read import shared_job_rounds
 
 
 def round_of(name: str, offsets: int, content: ContentType = ContentType.JSON):

@@ -1,4 +1,4 @@
-"""Where a subscription's state is found again after a restart (herald.engine.state.StateBook), over real delta-rs
+"""Where a subscription's state is found again after a restart (herald.engine.round.state.StateBook), over real delta-rs
 tables: the states held at its positions belong to the Kafka topic they were held in."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from herald.config import load_config
 from herald.delivery.message import RetryState
 from herald.delivery.report import Carried
-from herald.engine.rounds import CATCHUP, RoundResult, SubscriptionOutcome, table_rows
-from herald.engine.state import StateBook
+from herald.engine.round.result import CATCHUP, RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.round.state import StateBook
 from herald.storage import Slice, TableWriter, open_store
 from tests.support.config_files import write_conf
 

@@ -1,9 +1,9 @@
-"""Which signal stops a job gracefully and which stops it at once (herald.engine.signals.StopRequests): under
+"""Which signal stops a job gracefully and which stops it at once (herald.engine.upkeep.signals.StopRequests): under
 spark-submit one signal to the driver's process group reaches both its JVM and its Python, and is one request."""
 
 from __future__ import annotations
 
-from herald.engine.signals import JVM, PYTHON, StopRequests
+from herald.engine.upkeep.signals import JVM, PYTHON, StopRequests
 
 
 class Job:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from herald.engine.supervision import QuerySupervisor, short_error
+from herald.engine.triggers.supervision import QuerySupervisor, short_error
 from tests.support.clock import FakeClock
 
 

@@ -10,8 +10,8 @@ import time
 
 import pyarrow as pa
 
-from herald.engine.exporter import PrometheusExporter
-from herald.engine.rounds import position_rows
+from herald.engine.round.result import position_rows
+from herald.engine.upkeep.exporter import PrometheusExporter
 from herald.storage.store import Slice, Slices, TableStore
 from herald.storage.tables import RETRIES_SCHEMA, UNDELIVERED_SCHEMA
 from herald.storage.writer import FAILING_PENDING_ROUNDS, TableWriter

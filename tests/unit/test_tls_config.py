@@ -12,8 +12,8 @@ from herald.config import ConfigError, load_config
 from herald.config.tls import Tls
 from herald.delivery.flow import FlowSettings
 from herald.delivery.tls import TlsSettings
-from herald.engine.planner import lane_plan
-from herald.engine.state import SubscriptionState
+from herald.engine.round.planner import lane_plan
+from herald.engine.round.state import SubscriptionState
 from tests.support.config_files import SETTINGS, SUBSCRIPTION, problems_of, write_conf
 from tests.support.tls_certs import TestPki
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 from herald.delivery.message import RetryState
 from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TaskReport
 from herald.delivery.transport import HttpAnswer
-from herald.engine.rounds import STREAM, RoundResult, SubscriptionOutcome, table_rows
+from herald.engine.round.result import STREAM, RoundResult, SubscriptionOutcome, table_rows
 from herald.storage.tables import TRACKING
 from tests.support.delivery import batch, lane, lane_report, record, run, scripted
 from tests.support.fake_transport import FakeClock

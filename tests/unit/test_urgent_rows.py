@@ -1,6 +1,6 @@
 """Which rounds the table writer writes within `storage.urgentCommitMs` instead of the commit interval: those with
 rows an operator looks for soon after the event (a discard, a loss, a message parked for the first time), and
-`round_steps.record` says so when it hands them over."""
+`steps.record` says so when it hands them over."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from herald.config.model import Subscription
 from herald.delivery.message import Record, RetryState
 from herald.delivery.report import Parked
-from herald.engine import round_steps as steps
-from herald.engine.rounds import CATCHUP, RETRY, STREAM, RoundResult, SubscriptionOutcome, stub, urgent
+from herald.engine.round import steps
+from herald.engine.round.result import CATCHUP, RETRY, STREAM, RoundResult, SubscriptionOutcome, stub, urgent
 from herald.storage.tables import DELIVERED, DISCARDED
 from tests.unit.test_deadletter import discarded
 

@@ -17,7 +17,7 @@ def endpoints_view(config, subscription) -> dict:
     if discovery is None:
         return {"subscription": subscription.id, "source": "configured", "lookups": [], "changedAt": None,
                 "endpoints": [{"endpoint": e.masked, "lookups": []} for e in subscription.targets]}
-    from herald.engine.discovering import recorded_endpoints
+    from herald.engine.endpoints.discoveries import recorded_endpoints
     from herald.storage import DeltaRsStore
 
     recorded = recorded_endpoints(DeltaRsStore(config.storage_path, config.settings.storage.options),

@@ -2,7 +2,7 @@
 
 validate and run refuse an invalid configuration; suspend/activate and retransmit load it leniently (other
 files' problems are warnings). Each handler parses, calls the one function that does the work (the engine's
-runner, `herald.config.edit`, `herald.engine.moves`, `herald.storage.maintenance`) and prints its result.
+runner, `herald.config.edit`, `herald.engine.upkeep.moves`, `herald.storage.maintenance`) and prints its result.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def cmd_state(args) -> int:
 
 
 def cmd_retransmit(args) -> int:
-    from herald.engine.moves import MoveError, parse_date, retransmit
+    from herald.engine.upkeep.moves import MoveError, parse_date, retransmit
     from herald.source.kafka_offsets import KafkaOffsetsError
     from herald.storage import DeltaRsStore
     from herald.storage.tables import epoch_ms

@@ -36,7 +36,7 @@ def _pinned_subscription(args):
 def cmd_unpin(args) -> int:
     """Give the pin up (reason admin); exit 1 when there is nothing to give up (not pinned yet, or unpinned
     already), 2 when the subscription has no priority policy pinned."""
-    from herald.engine.priority import unpin
+    from herald.engine.endpoints.priority_groups import unpin
 
     found = _pinned_subscription(args)
     if found is None:
@@ -60,7 +60,7 @@ def cmd_unpin(args) -> int:
 
 def cmd_priority(args) -> int:
     """The group's state, as NATS' PriorityGroupState: policy, pinned endpoint, pin id, pinned since."""
-    from herald.engine.priority import recorded_state
+    from herald.engine.endpoints.priority_groups import recorded_state
 
     config, subscription = load_lenient(args.conf, args.id)
     priority = subscription.priority

@@ -51,7 +51,7 @@ class StorageSettings(Strict):
     commit per table (0: write each round as soon as the last write ended). A minute by default, as Hermes
     commits its offsets: a crash delivers up to that minute again. urgentCommitMs: the most milliseconds a
     gathering lasts after a round with a discard, a loss or a newly parked message was handed over
-    (`herald.engine.rounds.urgent`), so that an operator finds its row within seconds (no effect above
+    (`herald.engine.round.result.urgent`), so that an operator finds its row within seconds (no effect above
     commitIntervalMs).
     offsetsRetentionHours / historyRetentionHours: how old a row of history must be before maintenance deletes it
     (None: never; `herald.storage.history`): offsets rows that are not a position any more (a position's newest
@@ -237,7 +237,7 @@ class OAuthProvider(Strict):
 
 class AdvisoriesSettings(OnDiscard):
     """A Kafka topic that gets every priority advisory (a pin given or given up) as JSON, besides the
-    `advisories` table (`herald.engine.advisories`)."""
+    `advisories` table (`herald.engine.endpoints.advisories`)."""
 
 
 class HeraldSettings(Strict):

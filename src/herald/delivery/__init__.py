@@ -2,7 +2,7 @@
 
 Nothing in this package imports pyspark, the engine or the configuration models (tests/unit/test_layering.py).
 A task receives a plain, picklable `plan.TaskPlan` and an iterator of `input.InputBatch`es, and returns a
-`report.TaskReport`; `herald.engine.task` is the Spark glue around it. That keeps every piece unit-testable
+`report.TaskReport`; `herald.engine.round.task` is the Spark glue around it. That keeps every piece unit-testable
 without Spark:
 
 - `message`: a record, its id, its retry state; `spec` and `policy`: a subscription's delivery

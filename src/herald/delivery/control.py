@@ -3,7 +3,7 @@ which version of their definition.
 
 A round's task may deliver for up to `streaming.batchDeadlineMs`. When an operator suspends, removes or edits a
 subscription meanwhile, the driver's configuration watcher applies it and the driver's control endpoint
-(`herald.engine.control`) answers the new versions. A task asks every `poll_s` seconds, on a thread of its own
+(`herald.engine.upkeep.control`) answers the new versions. A task asks every `poll_s` seconds, on a thread of its own
 (the delivery loop never waits for it), and its loop stops starting first attempts for a subscription whose
 version changed or that is gone: what was never attempted stays behind its position, for the next round (with
 the new definition, or after activation). An endpoint that cannot be reached changes nothing.

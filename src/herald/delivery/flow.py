@@ -59,7 +59,7 @@ class FlowWindow:
         round's tasks, it tells the tasks that closed the window they were given from those still in it.
     elapsed_ms: how long it has been open, in milliseconds. A duration, never an instant: the tasks carrying it
         run on executors with clocks of their own. Tasks add the time they deliver, the driver the time between
-        rounds (on its own clock, `herald.engine.state.SubscriptionState.flow_now`).
+        rounds (on its own clock, `herald.engine.round.state.SubscriptionState.flow_now`).
     successes / failures: the results it counted (a failure: an attempt that slows the flow).
     """
 
@@ -94,7 +94,7 @@ class FlowState:
     The next permit crosses processes as a duration, never as one host's clock reading compared on another's
     (docs/design.md §11): `permit_in_ms`, milliseconds from a round's plan (driver to tasks) or from a task's
     report (tasks to driver); the driver keeps it as `next_permit_ms`, an instant of its own wall clock (epoch ms),
-    which only the driver reads (`herald.engine.state.SubscriptionState.take_flow` and `flow_now` convert)."""
+    which only the driver reads (`herald.engine.round.state.SubscriptionState.take_flow` and `flow_now` convert)."""
 
     mode: FlowMode = FlowMode.NORMAL
     rate_per_s: float | None = None  # None: start at the hard cap

@@ -5,7 +5,7 @@ some subscription become Python objects; every offset read is kept per partition
 rows a subscription went through can be counted without touching each row once per subscription.
 `Prefetcher` reads them on a thread, so the delivery loop never blocks on Spark while requests are open.
 
-Input columns (see `herald.engine.projection`): partition, offset, timestamp, value (the message as JSON
+Input columns (see `herald.engine.round.projection`): partition, offset, timestamp, value (the message as JSON
 subscriptions receive it), headers, targets (array<int>: the lanes whose filters passed), and for AVRO topics
 avro (the Avro binary AVRO subscriptions receive), error, raw, schema_id, schema_version; and position_id (the
 message id of a row without an `id` header, computed in the JVM for the rows that go somewhere; computed here for

@@ -1,5 +1,5 @@
 """A lane's watch on its pinned endpoint (priority `pinned`; the pin itself is the driver's,
-`herald.engine.pinning`).
+`herald.engine.endpoints.pin_group`).
 
 A pinned subscription's lane has one target, the pinned endpoint, and every attempt carries `Herald-Pin-Id`.
 The watch notes the last 2xx and since when every answer was a refusal (anything but 2xx: an error status, a

@@ -40,7 +40,7 @@ class Target:
 
 @dataclass(frozen=True)
 class LanePlan:
-    """One subscription's share of a task. Every field is required: the planner (`herald.engine.planner`) fills
+    """One subscription's share of a task. Every field is required: the planner (`herald.engine.round.planner`) fills
     them from the configuration model, the one place with defaults.
 
     url: the endpoint without credentials, when `targets` is empty (the lines in `header_lines` then carry any

@@ -1,13 +1,20 @@
 """Driver side; see docs/design.md §2-§10 and its module map ("Where things are").
 
-- A round: `topic` (`TopicPipeline`: a topic's subscriptions' states and its rounds), `round_steps` (plan,
-  deliver, apply, record: the same for every kind of round), `planner`, `fanout` and `task` (the Spark job around
-  the delivery loop), `projection` (decode, parse, filter once), `rounds` (`RoundResult` and its table rows),
-  `state`, `positions`, `resets`.
-- What starts rounds: `read` (`SharedRead`, one query for every topic), `topics` and `supervision` (the set of
-  topics, restarts), `catchup`, `retries` and `parked` (parked messages re-driven), `checkpoint`.
-- Endpoints: `pinning` (a pin's state machine), `priority` (the job's pins), `advisories`, `discovery` (lookup
-  answers and sets), `discovering` (the poller).
-- Upkeep: `runner` (wires them together), `context`, `watcher` (live configuration), `moves` (retransmission),
-  `control`, `exporter`, `deadletter`, `signals`.
+`runner` (`Runner`: `herald run`, wires the rest together) and `context` (`EngineContext`: what every round
+shares) sit here; the rest is in four wings, listed top to bottom: a module imports only from its own wing or
+one below it (runner > triggers > round > context, upkeep > endpoints; tests/unit/test_layering.py, which names
+the two imports that go up):
+
+- `triggers`, what starts rounds, and the topics' supervision: `shared_read` (`SharedRead`, one query for every
+  topic), `topics` and `supervision` (the set of topics, restarts), `catchup`, `retry_driver` (`RetryDriver`)
+  and `parked` (parked messages re-driven), `checkpoint`.
+- `round`, what one round does and the state it moves: `pipeline` (`TopicPipeline`: a topic's subscriptions'
+  states and its rounds), `steps` (plan, deliver, apply, record: the same for every kind of round), `planner`,
+  `fanout` and `task` (the Spark job around the delivery loop), `projection` (decode, parse, filter once),
+  `result` (`RoundResult` and its table rows), `state`, `positions`, `resets`.
+- `upkeep`: `config_watcher` (live configuration), `moves` (retransmission), `control` (what running tasks
+  ask), `exporter` (Prometheus), `dead_letters`, `signals`.
+- `endpoints`: `pin_group` (`PinGroup`, a pin's state machine), `priority_groups` (`Priority`, the job's pins),
+  `advisories`, `lookups` (lookup answers, endpoint sets, poll schedule), `discoveries` (`Discoveries`, the
+  poller).
 """

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from herald.config import HeraldConfig
 from herald.delivery.flow import FlowSettings
 from herald.endpoint import Endpoint
-from herald.engine.discovering import Discoveries
-from herald.engine.priority import Priority
+from herald.engine.endpoints.discoveries import Discoveries
+from herald.engine.endpoints.priority_groups import Priority
 from herald.storage import TableStore, TableWriter
 
 
@@ -84,7 +84,7 @@ class EngineContext:
 
     def recorded(self, result, duration_s: float) -> None:
         """A round's rows were handed to the writer: tell the listeners (the Prometheus exporter, the dead-letter
-        publisher), each given the `herald.engine.rounds.RoundResult` and the round's duration in seconds. A
+        publisher), each given the `herald.engine.round.result.RoundResult` and the round's duration in seconds. A
         listener that fails is logged and never stops delivery."""
         for listener in list(self.round_listeners):
             try:

@@ -27,15 +27,15 @@ import time
 from herald.config import HeraldConfig
 from herald.delivery.flow import FlowMode, FlowSettings
 from herald.engine.context import EngineContext, now_ms
-from herald.engine.control import ControlServer
-from herald.engine.moves import MoveWatcher, unapplied_moves
-from herald.engine.positions import behind
-from herald.engine.retries import RetryDriver
-from herald.engine.signals import JVM, PYTHON, JvmSignals, StopRequests
-from herald.engine.state import StateBook, SubscriptionState
-from herald.engine.supervision import QuerySupervisor
-from herald.engine.topic import TopicPipeline
-from herald.engine.topics import Topics, by_topic
+from herald.engine.round.pipeline import TopicPipeline
+from herald.engine.round.positions import behind
+from herald.engine.round.state import StateBook, SubscriptionState
+from herald.engine.triggers.retry_driver import RetryDriver
+from herald.engine.triggers.supervision import QuerySupervisor
+from herald.engine.triggers.topics import Topics, by_topic
+from herald.engine.upkeep.control import ControlServer
+from herald.engine.upkeep.moves import MoveWatcher, unapplied_moves
+from herald.engine.upkeep.signals import JVM, PYTHON, JvmSignals, StopRequests
 from herald.session import get_or_create_session, require_classic_session
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import choose_connector
@@ -99,7 +99,7 @@ class Runner:
         context.priority.wakers.extend([retries.wake, topics.wake_catchups])
         context.discovery.wakers.extend([retries.wake, topics.wake_catchups])
         if settings.advisories is not None:
-            from herald.engine.advisories import AdvisoryPublisher
+            from herald.engine.endpoints.advisories import AdvisoryPublisher
 
             self.advisories = AdvisoryPublisher(context.client_config, settings.advisories.topic)
             context.priority.listeners.append(self.advisories)
@@ -138,7 +138,7 @@ class Runner:
                                                    settings.storage.history_retention())
             self.maintenance.start()
         if not once:
-            from herald.engine.watcher import ConfWatcher
+            from herald.engine.upkeep.config_watcher import ConfWatcher
 
             self.moves = MoveWatcher(store, topics.apply_move, settings.streaming.config_poll_s, handed)
             self.moves.start()
@@ -162,7 +162,7 @@ class Runner:
         return self.topics.live_state(subscription_id) if self.topics is not None else None
 
     def _start_exporter(self, context: EngineContext) -> None:
-        from herald.engine.exporter import PrometheusExporter
+        from herald.engine.upkeep.exporter import PrometheusExporter
 
         def end_offsets(topics: list[str]) -> dict[str, dict[int, int]]:
             marks = partition_watermarks(context.client_config, topics, 3.0)
@@ -180,7 +180,7 @@ class Runner:
     def _ensure_dead_letters(self) -> None:
         """Start the dead-letter publisher once some subscription has `onDiscard` (at start or added later)."""
         if self.dead_letters is None and any(s.onDiscard is not None for s in self.config.subscriptions):
-            from herald.engine.deadletter import DeadLetterPublisher
+            from herald.engine.upkeep.dead_letters import DeadLetterPublisher
 
             self.dead_letters = DeadLetterPublisher(self.context.client_config)
             self.context.round_listeners.append(self.dead_letters.observe)

@@ -178,7 +178,7 @@ def with_targets(df: DataFrame, rule_sets: Sequence[Sequence[FilterRule]], value
     is parsed once per row for all of them (module docs). Spark pushes no filter through the result's targets
     projection: filter rows before, not after. Raises FilterError for an invalid rule.
 
-    Several topics' subscriptions in one projection (`herald.engine.projection.project_topics`): `guards` gives
+    Several topics' subscriptions in one projection (`herald.engine.round.projection.project_topics`): `guards` gives
     each set a SQL condition that must hold too, tested before its rules (say `topic = 'orders'`), and `values`
     the number a set puts in the targets instead of its index (its place among its topic's subscriptions). Sets
     whose guards never hold together may share values; the sets of one guard come in ascending values."""

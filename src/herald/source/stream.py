@@ -46,7 +46,7 @@ def open_kafka_stream(
     """A streaming DataFrame of `kafka_topic`; `starting_offsets` is 'earliest', 'latest' or Spark's JSON."""
     reader = _with_client_options(spark.readStream, connector, bootstrap_servers, client_properties)
     # Records retention deleted before they were read must not stop the topic: the rounds find and record them
-    # (`herald.engine.topic.TopicPipeline.lost_in`).
+    # (`herald.engine.round.steps.lost_in`).
     reader = (reader.option("subscribe", kafka_topic).option("startingOffsets", starting_offsets)
               .option("failOnDataLoss", "false"))
     if max_offsets_per_trigger:

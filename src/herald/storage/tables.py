@@ -58,7 +58,7 @@ OFFSETS_SCHEMA = pa.schema([
     ("batch_id", pa.int64()),  # the writer's round; -1: where the subscription started
     ("committed_at", _TIMESTAMP),  # the newest row of a (subscription, topic, partition) is its position
     ("writer", pa.string()),
-    ("topic_id", pa.string()),  # Kafka's id of the topic the position is in (null: not known; engine/resets.py)
+    ("topic_id", pa.string()),  # Kafka's id of the topic the position is in (null: not known; engine/round/resets.py)
 ])
 
 METRICS_SCHEMA = pa.schema([
@@ -168,7 +168,7 @@ TRACKING_SCHEMA = pa.schema([  # Hermes' message tracking (its fields, in this p
     ("writer", pa.string()),
 ])
 
-ADVISORIES_SCHEMA = pa.schema([  # priority groups: every pin given and given up (herald.engine.pinning)
+ADVISORIES_SCHEMA = pa.schema([  # priority groups: every pin given and given up (herald.engine.endpoints.pin_group)
     ("type", pa.string()),  # pinned | unpinned
     ("subscription", pa.string()),
     ("endpoint", pa.string()),  # the pinned endpoint, password masked
@@ -179,7 +179,7 @@ ADVISORIES_SCHEMA = pa.schema([  # priority groups: every pin given and given up
     ("batch_id", pa.int64()),
 ])
 
-ENDPOINTS_SCHEMA = pa.schema([  # discovery: each change of a subscription's set, whole (herald.engine.discovering)
+ENDPOINTS_SCHEMA = pa.schema([  # discovery: each change of a subscription's set, whole (engine.endpoints.discoveries)
     ("subscription", pa.string()),
     ("endpoint", pa.string()),  # password masked; null in the one row of an empty set
     ("lookups", pa.string()),  # the lookup URLs whose last good answer named it, ", "-separated, passwords masked

@@ -5,7 +5,7 @@ Kafka not reachable); the job's shared read can fail for reasons of none of its 
 not connect back under load, a lost broker connection). Subscriptions' positions are in the offsets table and
 the read's in its checkpoint, so nothing is lost: the topic (or the read, for each of its topics) is started
 again after 1 s, then 2, 4, ... up to 60 s between tries, and the other topics go on meanwhile
-(`herald.engine.topics`). A read started again that completes a micro-batch has recovered: its next failure
+(`herald.engine.triggers.topics`). A read started again that completes a micro-batch has recovered: its next failure
 starts the backoff again from 1 s.
 
 With `--once` a topic is given up after `ONCE_RESTARTS` restarts that failed again, once it has been failing

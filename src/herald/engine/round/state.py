@@ -18,7 +18,7 @@ from herald.delivery.clock import wall_clock_ms as _wall_ms
 from herald.delivery.flow import FlowState
 from herald.delivery.message import RetryState
 from herald.engine.context import stamp_ms
-from herald.engine.rounds import position_rows, state_of_row
+from herald.engine.round.result import position_rows, state_of_row
 from herald.storage import Slice, TableStore, TableWriter
 from herald.storage.tables import HELD, OFFSETS, PARKED, RETRIES, at_ms
 
@@ -41,7 +41,7 @@ class SubscriptionState:
     topic_end: partition -> the end of what its topic's query has read (or is about to deliver): with the
         positions, its Kafka lag as far as the job knows it (`pending`).
     topic_id: Kafka's id of the topic its positions are in (None: not known): a topic created again has a new
-        one, and positions of the old log go on from the new one's start (herald.engine.resets).
+        one, and positions of the old log go on from the new one's start (herald.engine.round.resets).
     rows_topic_id: the topic id its newest offsets rows name (None: none, or not all of them): a round writes
         every position it covers, moved or not, while this is not the id its rows carry (`TopicPipeline._to_write`).
     flow / flow_at_s: its flow controller's state, and when (the driver's monotonic seconds; None before its
@@ -57,7 +57,7 @@ class SubscriptionState:
     catching_up: bool = False
     busy: bool = False
     last_served_s: float = 0.0
-    pending_moves: list = field(default_factory=list)  # herald.engine.moves.Move asked for during a round
+    pending_moves: list = field(default_factory=list)  # herald.engine.upkeep.moves.Move asked for during a round
     idle: tuple[dict[int, int], int] | None = None  # (frontier, epoch ms): its last catch-up round moved nothing
     topic_end: dict[int, int] = field(default_factory=dict)
     pin_id: str | None = None  # priority pinned: the pin its flow state was learnt with

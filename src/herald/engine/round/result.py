@@ -18,7 +18,7 @@ from herald.delivery.flow import FlowState
 from herald.delivery.message import Record, RetryState
 from herald.delivery.policy import EndedBy
 from herald.delivery.report import DISCARDED, Carried, Discarded, LaneCounters, Parked, Traced
-from herald.engine.pinning import PinNews
+from herald.engine.endpoints.pin_group import PinNews
 from herald.storage.tables import (
     HELD,
     METRICS,
@@ -39,7 +39,7 @@ from herald.storage.tables import (
 
 STREAM, CATCHUP, RETRY = "stream", "catchup", "retry"
 LOST = "LOST"  # the undelivered status of a range of offsets Kafka deleted before it was read
-RESET = "RESET"  # the undelivered status of a topic reset that lost the subscription nothing (engine/resets.py)
+RESET = "RESET"  # the undelivered status of a topic reset that lost the subscription nothing (engine/round/resets.py)
 
 
 @dataclass

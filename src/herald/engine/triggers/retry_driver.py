@@ -9,7 +9,7 @@ TTL keeps running). What ends is recorded (DELIVERED, or DISCARDED with an undel
 retrying at the round's end is parked again with its new state. Like RocketMQ's retry queue, parked messages
 stand outside the subscription's position.
 
-The parked messages wait on the driver's disk, not in its memory (`herald.engine.parked.ParkedRegistry`). Each
+The parked messages wait on the driver's disk, not in its memory (`herald.engine.triggers.parked.ParkedRegistry`). Each
 subscription's due messages are re-driven in rounds of their own (at most `ROUND_MESSAGES` a round), up to
 `PARALLEL_ROUNDS` at a time: a subscriber that holds its round to the deadline holds no other subscription's.
 """
@@ -31,14 +31,14 @@ from herald.delivery.message import Record, RetryState
 from herald.delivery.policy import EndedBy
 from herald.delivery.report import Discarded, Parked
 from herald.delivery.sender import TaskSender
-from herald.engine import round_steps as steps
 from herald.engine.context import EngineContext, now_ms, stamp_ms
-from herald.engine.parked import ParkedMessage, ParkedRegistry
-from herald.engine.pinning import Pin, PinNews
-from herald.engine.planner import lane_plan, named
-from herald.engine.priority import HELD
-from herald.engine.rounds import RETRY, RoundResult, SubscriptionOutcome, state_of_row
-from herald.engine.state import SubscriptionState, stored_parked
+from herald.engine.endpoints.pin_group import Pin, PinNews
+from herald.engine.endpoints.priority_groups import HELD
+from herald.engine.round import steps
+from herald.engine.round.planner import lane_plan, named
+from herald.engine.round.result import RETRY, RoundResult, SubscriptionOutcome, state_of_row
+from herald.engine.round.state import SubscriptionState, stored_parked
+from herald.engine.triggers.parked import ParkedMessage, ParkedRegistry
 from herald.storage.tables import DELIVERED, DISCARDED, PARKED, epoch_ms
 
 log = logging.getLogger(__name__)
@@ -118,12 +118,12 @@ class RetryDriver:
 
     def end_old_log(self, kafka_topic: str, firsts: dict[int, int], reason: str,
                     subscription: Subscription) -> tuple[SubscriptionOutcome | None, int]:
-        """Kafka's log of `kafka_topic` went back (`herald.engine.resets`): its offsets from `firsts[partition]` on
-        belong to new messages now. Takes the subscription's messages parked there out, now, and returns their
-        DISCARDED outcome (`reason`, their bodies kept for the undelivered table; None when there were none) and
-        the stamp (epoch ms) for its rows, taken under the same lock as the removal and as a retry round's stamp:
-        a round that re-drove one of them before records its rows older; one that still holds one records
-        nothing about it (`_resolve`). The caller (the reset, under its topic's lock) writes the rows."""
+        """Kafka's log of `kafka_topic` went back (`herald.engine.round.resets`): its offsets from `firsts[partition]`
+        on belong to new messages now. Takes the subscription's messages parked there out, now, and returns their
+        DISCARDED outcome (`reason`, their bodies kept for the undelivered table; None when there were none) and the
+        stamp (epoch ms) for its rows, taken under the same lock as the removal and as a retry round's stamp: a round
+        that re-drove one of them before records its rows older; one that still holds one records nothing about it
+        (`_resolve`). The caller (the reset, under its topic's lock) writes the rows."""
         with self._lock:
             stamp = stamp_ms()
             if self._closed:

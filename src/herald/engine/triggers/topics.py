@@ -1,15 +1,15 @@
 """The topics a job delivers: read together, started again when they fail, and changed while the job runs.
 
 Each topic of the configuration's ACTIVE subscriptions is a `TopicPipeline` (its subscriptions' states and its
-catch-up); all of them are read by one streaming query, the shared read (`herald.engine.read`). When the set of
-topics changes, the read is replaced by one over the new set (`regroup`). A topic that cannot start (its Kafka
-topic does not exist yet, Kafka cannot be reached) or that makes the read fail (deleted from Kafka) leaves the
-read and is started again alone with backoff (`supervision`), joining the read when it can, while the others go
-on; a read that fails for no topic of its own is started again from its checkpoint with backoff. A
-configuration change (the watcher's) applies completely: what needs Kafka is asked first, and a topic that
-cannot start yet is retried. Subscriptions' positions come from the `StateBook`; a `latest` subscription whose
-start was delayed starts at the first messages published since it was first seen. Moves (retransmissions) are
-applied here, to running and resting subscriptions alike, and recorded applied.
+catch-up); all of them are read by one streaming query, the shared read (`herald.engine.triggers.shared_read`). When the
+set of topics changes, the read is replaced by one over the new set (`regroup`). A topic that cannot start (its Kafka
+topic does not exist yet, Kafka cannot be reached) or that makes the read fail (deleted from Kafka) leaves the read and
+is started again alone with backoff (`supervision`), joining the read when it can, while the others go on; a read that
+fails for no topic of its own is started again from its checkpoint with backoff. A configuration change (the watcher's)
+applies completely: what needs Kafka is asked first, and a topic that cannot start yet is retried. Subscriptions'
+positions come from the `StateBook`; a `latest` subscription whose start was delayed starts at the first messages
+published since it was first seen. Moves (retransmissions) are applied here, to running and resting subscriptions alike,
+and recorded applied.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import time
 
 from herald.config import HeraldConfig, Subscription
 from herald.config.model import Topic
-from herald.engine import checkpoint as checkpoints
 from herald.engine.context import EngineContext, now_ms, stamp_ms
-from herald.engine.moves import applied_tables
-from herald.engine.read import SharedRead, read_root
-from herald.engine.rounds import moved_rows
-from herald.engine.state import StateBook, SubscriptionState
-from herald.engine.supervision import ONCE_RESTARTS, QuerySupervisor, short_error
-from herald.engine.topic import TopicPipeline
+from herald.engine.round.pipeline import TopicPipeline
+from herald.engine.round.result import moved_rows
+from herald.engine.round.state import StateBook, SubscriptionState
+from herald.engine.triggers import checkpoint as checkpoints
+from herald.engine.triggers.shared_read import SharedRead, read_root
+from herald.engine.triggers.supervision import ONCE_RESTARTS, QuerySupervisor, short_error
+from herald.engine.upkeep.moves import applied_tables
 from herald.source.kafka_offsets import OffsetClient, UnknownTopicError, partition_watermarks, topic_ids
 from herald.storage import Slice
 
@@ -41,7 +41,7 @@ class Topics:
     def __init__(self, context: EngineContext, config: HeraldConfig, only: list[str] | None, book: StateBook,
                  supervisor: QuerySupervisor, retries) -> None:
         self.context = context
-        self.retries = retries  # herald.engine.retries.RetryDriver
+        self.retries = retries  # herald.engine.triggers.retry_driver.RetryDriver
         self.config = config
         self.only = only
         self.book = book

@@ -24,12 +24,12 @@ import threading
 import time
 
 from herald.delivery.flow import FlowMode
-from herald.engine import round_steps as steps
 from herald.engine.context import now_ms
-from herald.engine.positions import Lost, behind, catch_up_ranges, earliest
-from herald.engine.rounds import CATCHUP, RoundResult
-from herald.engine.state import SubscriptionState
-from herald.engine.supervision import outage, short_error
+from herald.engine.round import steps
+from herald.engine.round.positions import Lost, behind, catch_up_ranges, earliest
+from herald.engine.round.result import CATCHUP, RoundResult
+from herald.engine.round.state import SubscriptionState
+from herald.engine.triggers.supervision import outage, short_error
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import read_kafka_range
 

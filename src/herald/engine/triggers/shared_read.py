@@ -35,13 +35,13 @@ import time
 from pyspark.sql import functions as F
 
 from herald.config.model import ContentType
-from herald.engine import checkpoint as checkpoints
 from herald.engine.context import EngineContext
-from herald.engine.fanout import reports_by_round
-from herald.engine.projection import project_topics
-from herald.engine.round_steps import input_partitions
-from herald.engine.supervision import outage, short_error
-from herald.engine.task import ROUND, ROUNDS_REPORT_DDL, rounds_task
+from herald.engine.round.fanout import reports_by_round
+from herald.engine.round.projection import project_topics
+from herald.engine.round.steps import input_partitions
+from herald.engine.round.task import ROUND, ROUNDS_REPORT_DDL, rounds_task
+from herald.engine.triggers import checkpoint as checkpoints
+from herald.engine.triggers.supervision import outage, short_error
 from herald.source.kafka_offsets import partition_watermarks, topic_ids
 from herald.source.stream import open_kafka_stream
 
@@ -122,7 +122,7 @@ class SharedRead:
         ids = topic_ids(context.client_config, self.kafka_topics)
         committed = self._committed() if resuming else {}
         stale = []
-        for topic, pipeline in self.pipelines.items():  # a topic created again, or cut (engine/resets.py)
+        for topic, pipeline in self.pipelines.items():  # a topic created again, or cut (engine/round/resets.py)
             kept = pipeline.check_log(marks[topic], ids.get(topic), committed.get(topic))
             if kept is not None and kept != committed.get(topic):
                 stale.append(topic)
@@ -219,7 +219,7 @@ class SharedRead:
                     log.error("%s is not read any more (deleted from Kafka?): it leaves the shared read", topic)
                 self.gone[topic] = f"Kafka topic(s) do not exist: {topic} (no longer in the source's offsets)"
                 continue
-            if pipeline.went_back(ends[topic]):  # created again, or cut: Kafka says (engine/resets.py)
+            if pipeline.went_back(ends[topic]):  # created again, or cut: Kafka says (engine/round/resets.py)
                 marks = partition_watermarks(self.context.client_config, [topic])[topic]
                 pipeline.check_log(marks, topic_ids(self.context.client_config, [topic]).get(topic))
             before = None if previous is None else previous.get(topic)  # not logged: its start is unknown

@@ -6,8 +6,8 @@ in an SQLite file in a temporary directory of the driver (`TMPDIR`; deleted when
 subscription and due time, so that what a retry round needs (the messages due now, the next due time, a
 subscription's count) costs the same whatever the number parked; memory holds a count per subscription and
 SQLite's page cache (`CACHE_KIB`). The file is a cache of the `retries` table, which stays the record: a job
-that starts fills it from there (`herald.engine.retries.RetryDriver.load`), and nothing in it needs to survive a
-crash (no journal, no sync).
+that starts fills it from there (`herald.engine.triggers.retry_driver.RetryDriver.load`), and nothing in it needs
+to survive a crash (no journal, no sync).
 
 Not thread-safe: the retry driver calls it under its own lock. Each stored message has a version, new at every
 `put`, so that a round that took a message can tell whether the registry still holds that same one when the

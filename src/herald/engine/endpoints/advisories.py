@@ -16,7 +16,7 @@ import json
 import logging
 import uuid
 
-from herald.engine.pinning import Advisory
+from herald.engine.endpoints.pin_group import Advisory
 
 log = logging.getLogger(__name__)
 

@@ -97,7 +97,7 @@ def retransmit(store: TableStore, client_config: dict, subscription: str, kafka_
     """`herald retransmit`: plan the move of `subscription` in `kafka_topic` to the first messages published at or
     after `date` from its stored positions and, unless `dry_run`, record it (a running job applies it within
     `configPollMs`). Returns (the positions it had, the move). Raises KafkaOffsetsError when Kafka cannot say."""
-    from herald.engine.state import stored_positions
+    from herald.engine.round.state import stored_positions
 
     current = stored_positions(store).get((subscription, kafka_topic), {})
     move = plan_move(client_config, subscription, kafka_topic, current, date)

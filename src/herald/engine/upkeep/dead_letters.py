@@ -50,7 +50,7 @@ class DeadLetter:
 
 
 def dead_letters(result) -> list[DeadLetter]:
-    """The dead letters of a round (`herald.engine.rounds.RoundResult`): one per discard of a subscription with
+    """The dead letters of a round (`herald.engine.round.result.RoundResult`): one per discard of a subscription with
     `onDiscard` (for BROADCAST, one per endpoint that missed the message)."""
     letters = []
     for outcome in result.outcomes:

@@ -17,12 +17,12 @@ import pyarrow.compute as pc
 from herald.delivery.flow import FlowState
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.delivery.report import REPORT_DDL, LaneCounters, TaskReport
-from herald.engine.pinning import Pin, PinNews
-from herald.engine.planner import named
-from herald.engine.positions import Lost, advance
-from herald.engine.rounds import SubscriptionOutcome
-from herald.engine.state import SubscriptionState
-from herald.engine.task import ROUND, delivery_task
+from herald.engine.endpoints.pin_group import Pin, PinNews
+from herald.engine.round.planner import named
+from herald.engine.round.positions import Lost, advance
+from herald.engine.round.result import SubscriptionOutcome
+from herald.engine.round.state import SubscriptionState
+from herald.engine.round.task import ROUND, delivery_task
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Participant:
     index: int
     state: SubscriptionState
     plan: LanePlan
-    pin: Pin | None = None  # its pin (priority pinned), from `herald.engine.priority.Priority.lease`
+    pin: Pin | None = None  # its pin (priority pinned), from `herald.engine.endpoints.priority_groups.Priority.lease`
 
 
 def run_round(rows, plan: TaskPlan, input_partitions: int) -> list[TaskReport]:

@@ -2,7 +2,7 @@
 
 `priority: {policy: pinned, timeoutMs}` sends every attempt of a subscription (first attempts, retries,
 batches) to ONE endpoint, the pinned one, with a `Herald-Pin-Id` header. This module is the pin's state
-machine, pure and clocked by its callers (epoch ms); `herald.engine.priority` runs it for the job
+machine, pure and clocked by its callers (epoch ms); `herald.engine.endpoints.priority_groups` runs it for the job
 (docs/design.md §6).
 
 A pin is lost when its endpoint has accepted nothing (no 2xx) for `timeoutMs` while it had messages to take,

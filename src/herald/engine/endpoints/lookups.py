@@ -14,7 +14,8 @@ poller:
   connects), then, as go-nsq's poll loop, after `pollIntervalMs` plus a random part of `jitter x
   pollIntervalMs`, then every `pollIntervalMs` jittered by up to +-jitter/2 of it, so that jobs started
   together do not poll together;
-- `Discoveries` (in `herald.engine.discovering`): the sets of the job's subscriptions and the thread polling them.
+- `Discoveries` (in `herald.engine.endpoints.discoveries`): the sets of the job's subscriptions and the thread
+  polling them.
 """
 
 from __future__ import annotations

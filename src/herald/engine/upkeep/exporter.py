@@ -82,7 +82,7 @@ class PrometheusExporter:
         self.registry.register(_LiveCollector(positions, end_offsets, parked, lag_cache_s, writer, pins))
 
     def observe(self, result, duration_s: float) -> None:
-        """A round's outcome (`herald.engine.rounds.RoundResult`) and its duration in seconds."""
+        """A round's outcome (`herald.engine.round.result.RoundResult`) and its duration in seconds."""
         for outcome in result.outcomes:
             sid, counters = outcome.subscription.id, outcome.counters
             for name, counter in self._counters.items():
@@ -100,7 +100,7 @@ class PrometheusExporter:
     def know(self, subscriptions) -> None:
         """The ACTIVE subscriptions: each gets its counters at 0 (Prometheus practice: a series exists before
         its first event)."""
-        from herald.engine.pinning import PINNED, REASONS, UNPINNED
+        from herald.engine.endpoints.pin_group import PINNED, REASONS, UNPINNED
 
         for subscription in subscriptions:
             sid = subscription.id
@@ -124,7 +124,7 @@ class PrometheusExporter:
         self._polls.labels(subscription_id, result).inc()
 
     def advised(self, advisory) -> None:
-        """A pin given or given up (`herald.engine.pinning.Advisory`, a priority listener)."""
+        """A pin given or given up (`herald.engine.endpoints.pin_group.Advisory`, a priority listener)."""
         self._advisories.labels(advisory.subscription, advisory.type, advisory.reason).inc()
 
     def start(self) -> None:

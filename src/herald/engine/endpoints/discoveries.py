@@ -1,5 +1,5 @@
 """The job's discovered endpoints: one `EndpointSet` per ACTIVE subscription with `endpoints.discovery`, kept
-up to date by one poller thread on the driver (docs/design.md §7; the pure parts are `herald.engine.discovery`).
+up to date by one poller thread on the driver (docs/design.md §7; the pure parts are `herald.engine.endpoints.lookups`).
 
 - Rounds ask `endpoints_of` at plan time: a round delivers to the set as it was when it was planned (its
   in-flight requests finish there), the next round to the set then.
@@ -29,7 +29,7 @@ import pyarrow as pa
 from herald.config import Subscription
 from herald.config.endpoints import Discovery
 from herald.endpoint import Endpoint, mask_secrets
-from herald.engine.discovery import Change, EndpointSet, PollSchedule, parse_answer
+from herald.engine.endpoints.lookups import Change, EndpointSet, PollSchedule, parse_answer
 from herald.storage import TableStore
 from herald.storage.tables import ENDPOINTS, ENDPOINTS_SCHEMA, at_ms, epoch_ms
 

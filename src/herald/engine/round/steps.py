@@ -1,15 +1,16 @@
 """One round, whatever started it: planned, delivered and recorded the same way.
 
-Three things start rounds (docs/design.md §3): a micro-batch of a topic's shared query (`topic`), a catch-up
-read of a subscription group behind it (`catchup`), and a batch of parked retries (`retries`). Each then goes
+Three things start rounds (docs/design.md §3): a micro-batch of a topic's shared query (`pipeline`), a catch-up
+read of a subscription group behind it (`catchup`), and a batch of parked retries (`retry_driver`). Each then goes
 through the same steps, here:
 
 1. `participants`: the subscriptions taking part, each with its `LanePlan` (`planner.lane_plan`);
 2. `task_plan`: the one `TaskPlan` the tasks get;
 3. `deliver`: for a Kafka read, the rows projected once for every participant (`projection`), delivered in
-   Spark tasks (`fanout`; the topics of a micro-batch share a job: `herald.engine.read`), and turned into each
-   participant's `SubscriptionOutcome`, positions and offsets Kafka deleted before they were read included
-   (`lost_in`). A retry round delivers its parked messages on the driver instead (`retries`);
+   Spark tasks (`fanout`; the topics of a micro-batch share a job: `herald.engine.triggers.shared_read`), and
+   turned into each participant's `SubscriptionOutcome`, positions and offsets Kafka deleted before they were
+   read included (`lost_in`). A retry round delivers its parked messages on the driver instead
+   (`retry_driver`);
 4. (the caller takes the outcomes into its states)
 5. `record`: the round's rows handed to the table writer, positions last; then its parked messages to the
    retry driver, and the round to its listeners (Prometheus, dead letters).
@@ -24,14 +25,14 @@ from herald.config import Subscription
 from herald.config.model import Topic
 from herald.delivery.plan import LanePlan, TaskPlan
 from herald.engine.context import EngineContext
-from herald.engine.fanout import Participant, outcomes, run_round
-from herald.engine.pinning import Pin
-from herald.engine.planner import lane_plan
-from herald.engine.positions import Lost, holes, lost_ranges, unread_ranges
-from herald.engine.priority import HELD
-from herald.engine.projection import project
-from herald.engine.rounds import RoundResult, SubscriptionOutcome, table_rows, urgent
-from herald.engine.state import SubscriptionState
+from herald.engine.endpoints.pin_group import Pin
+from herald.engine.endpoints.priority_groups import HELD
+from herald.engine.round.fanout import Participant, outcomes, run_round
+from herald.engine.round.planner import lane_plan
+from herald.engine.round.positions import Lost, holes, lost_ranges, unread_ranges
+from herald.engine.round.projection import project
+from herald.engine.round.result import RoundResult, SubscriptionOutcome, table_rows, urgent
+from herald.engine.round.state import SubscriptionState
 from herald.source.kafka_offsets import partition_watermarks
 from herald.storage import Slice
 

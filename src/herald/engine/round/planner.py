@@ -32,9 +32,9 @@ from herald.delivery.plan import LanePlan, Target
 from herald.delivery.report import TRACK_ALL, TRACK_DISCARDED, TRACK_OFF
 from herald.delivery.spec import DeliverySpec
 from herald.endpoint import Endpoint
-from herald.engine.control import pinned_version, version_of
-from herald.engine.pinning import Pin
-from herald.engine.state import SubscriptionState
+from herald.engine.endpoints.pin_group import Pin
+from herald.engine.round.state import SubscriptionState
+from herald.engine.upkeep.control import pinned_version, version_of
 
 TRACKING = {"trackingOff": TRACK_OFF, "discardedOnly": TRACK_DISCARDED, "trackingAll": TRACK_ALL}
 

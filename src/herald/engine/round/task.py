@@ -1,12 +1,12 @@
 """The functions Spark tasks run through `mapInArrow`: rows in, report batches out.
 
 `delivery_task`: one topic's round. The rows carry a `targets` column (the subscriptions whose filters passed,
-as indices into the plan's lanes; see `herald.engine.fanout`). One `TaskSender` delivers for all of them; the
+as indices into the plan's lanes; see `herald.engine.round.fanout`). One `TaskSender` delivers for all of them; the
 input is read on a thread, so the loop never blocks on Spark, and it is read to the end even when the deadline
 stops delivery early.
 
 `rounds_task`: the rounds of several topics in one Spark job (their rows projected together:
-`herald.engine.projection.project_topics`). Each row carries `round`, its topic's place in the job; all the rows
+`herald.engine.round.projection.project_topics`). Each row carries `round`, its topic's place in the job; all the rows
 of a round are in one task, so each round is delivered by one `TaskSender` with its own plan, whole (its
 `TaskPlan.tasks` is 1), beside the task's other rounds, and reported with its `round`.
 """

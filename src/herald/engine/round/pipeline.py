@@ -1,11 +1,11 @@
 """One Kafka topic: the states of its ACTIVE subscriptions, and the rounds that deliver its records to them.
 
-The job's shared read (`herald.engine.read`) reads every topic in one streaming query; each micro-batch's range
-of a topic is read once, decoded once and filtered once for every subscription of the topic (`projection`), then
-delivered in one job (`fanout`) for the subscriptions whose position is the read's (`deliver_batch`). A
-subscription that is behind (new with `earliest`, re-activated, stopped early at a batch deadline, moved by an
-operator) is left out and catches up on its own (`catchup`); it rejoins the shared read once it reaches the
-read's position in the topic (the frontier). The topic's lock guards the states; a round marks its
+The job's shared read (`herald.engine.triggers.shared_read`) reads every topic in one streaming query; each
+micro-batch's range of a topic is read once, decoded once and filtered once for every subscription of the topic
+(`projection`), then delivered in one job (`fanout`) for the subscriptions whose position is the read's
+(`deliver_batch`). A subscription that is behind (new with `earliest`, re-activated, stopped early at a batch
+deadline, moved by an operator) is left out and catches up on its own (`catchup`); it rejoins the shared read once it
+reaches the read's position in the topic (the frontier). The topic's lock guards the states; a round marks its
 subscriptions busy while it delivers.
 
 The read's offsets are Spark's checkpoint; the subscriptions' positions are the offsets table. A read that
@@ -25,14 +25,12 @@ from herald.config import Subscription
 from herald.config.model import Topic
 from herald.delivery.plan import TaskPlan
 from herald.delivery.report import SUCCESS
-from herald.engine import moves
-from herald.engine import round_steps as steps
-from herald.engine.catchup import CatchUp
 from herald.engine.context import EngineContext, now_ms, stamp_ms
-from herald.engine.fanout import Participant
-from herald.engine.positions import behind
-from herald.engine.resets import PendingReset, TopicReset, find_reset, known_ends, reset_subscription, went_back
-from herald.engine.rounds import (
+from herald.engine.round import steps
+from herald.engine.round.fanout import Participant
+from herald.engine.round.positions import behind
+from herald.engine.round.resets import PendingReset, TopicReset, find_reset, known_ends, reset_subscription, went_back
+from herald.engine.round.result import (
     STREAM,
     RoundResult,
     SubscriptionOutcome,
@@ -42,7 +40,9 @@ from herald.engine.rounds import (
     reset_writer,
     stub,
 )
-from herald.engine.state import SubscriptionState
+from herald.engine.round.state import SubscriptionState
+from herald.engine.triggers.catchup import CatchUp
+from herald.engine.upkeep import moves
 from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 
@@ -66,8 +66,8 @@ class BatchRound:
 
 
 class TopicPipeline:
-    """`retries`: the retry driver (`herald.engine.retries.RetryDriver`): it gets the rounds' parked messages and
-    says how many of a subscription's in-flight slots they hold."""
+    """`retries`: the retry driver (`herald.engine.triggers.retry_driver.RetryDriver`): it gets the rounds' parked
+    messages and says how many of a subscription's in-flight slots they hold."""
 
     def __init__(self, context: EngineContext, topic: Topic, states: Iterable[SubscriptionState], retries) -> None:
         self.context = context
@@ -80,7 +80,7 @@ class TopicPipeline:
         self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
         self.batch_in_progress = False
         self._moved: list = []  # (slice, stamp -> its tables, urgent, new): moves and resets, after rounds' rows
-        self.read = None  # the shared read (herald.engine.read.SharedRead) reading the topic now, if any
+        self.read = None  # the shared read (engine.triggers.shared_read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
         self.catchup = CatchUp(self)  # started by `Topics`
         self.round_error: str | None = None  # why its last round failed (its subscriptions catch up on it)
@@ -155,7 +155,7 @@ class TopicPipeline:
         if moved and self.catchup is not None:
             self.catchup.wake()
 
-    # -- offsets that go back (engine/resets.py) -----------------------------------------------------------------
+    # -- offsets that go back (engine/round/resets.py) -----------------------------------------------------------
     def check_log(self, marks: dict[int, tuple[int, int]], topic_id: str | None,
                   read_at: dict[int, int] | None = None,
                   states: list[SubscriptionState] | None = None) -> dict[int, int] | None:

@@ -2,9 +2,9 @@
 
 Every round asks `lease` before it plans a subscription: a pinned subscription gets its `Pin` (its rounds then
 send only to that endpoint) or sits the round out while its pin changes hands; the round gives the pin back with
-what it saw (`release`). The state machine is `herald.engine.pinning.PinGroup`; this class runs it for the job:
-it records every advisory in the `advisories` table (a new pin before any request carries it), tells the
-listeners (log, Prometheus, the advisories Kafka topic), picks up `herald unpin` (an `unpinned` row written by
+what it saw (`release`). The state machine is `herald.engine.endpoints.pin_group.PinGroup`; this class runs it
+for the job: it records every advisory in the `advisories` table (a new pin before any request carries it), tells
+the listeners (log, Prometheus, the advisories Kafka topic), picks up `herald unpin` (an `unpinned` row written by
 the command, every `poll_s`), and wakes the catch-up and retry threads when a subscription may deliver again.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 
 from herald.config import Subscription
-from herald.engine.pinning import ADMIN, PINNED, UNPINNED, Advisory, Pin, PinGroup, PinNews
+from herald.engine.endpoints.pin_group import ADMIN, PINNED, UNPINNED, Advisory, Pin, PinGroup, PinNews
 from herald.storage import TableStore
 from herald.storage.tables import ADVISORIES, ADVISORIES_SCHEMA, at_ms, epoch_ms
 
