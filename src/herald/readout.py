@@ -19,8 +19,11 @@ from herald.storage.store import sql_string
 from herald.storage.tables import ADVISORIES, METRICS, OFFSETS, UNDELIVERED
 
 
-def _store(config: HeraldConfig) -> DeltaRsStore:
-    return DeltaRsStore(config.storage_path, config.settings.storage.options)
+def table_store(config: HeraldConfig) -> DeltaRsStore:
+    """The job's tables as the CLI reads (and `herald maintain` keeps) them: delta-rs, no Spark, with the storage
+    options and the file retention herald.yaml gives."""
+    storage = config.settings.storage
+    return DeltaRsStore(config.storage_path, storage.options or None, storage.maintenanceRetentionHours)
 
 
 def _newest(column: str):
@@ -34,7 +37,7 @@ def _epoch_ms(value) -> int | None:
 
 def undelivered(config: HeraldConfig, subscription: Subscription, limit: int = 1) -> list[dict[str, Any]]:
     """The last `limit` discarded messages, newest first, in Hermes' undelivered-message format."""
-    rows = _store(config).read(UNDELIVERED, subscription.id).to_pylist()
+    rows = table_store(config).read(UNDELIVERED, subscription.id).to_pylist()
     rows.sort(key=lambda row: (row["timestamp"], row["batch_id"], row["offset"]), reverse=True)
     return [
         {
@@ -84,7 +87,7 @@ def metrics(config: HeraldConfig, subscription: Subscription, with_lag: bool = F
     per-second figures over the last minute are in `lastMinute`. With `with_lag`, `lag` gives per partition
     the end offset, the position and their difference (asking Kafka; `lagError` says why when it cannot).
     """
-    rows = _store(config).read(METRICS, subscription.id).to_pylist()
+    rows = table_store(config).read(METRICS, subscription.id).to_pylist()
     result: dict[str, Any] = {"subscription": subscription.id, "batches": len(rows)}
     for name, column in _LIFETIME.items():
         result[name] = sum(row.get(column) or 0 for row in rows)
@@ -139,7 +142,7 @@ def offsets(config: HeraldConfig, subscription: Subscription) -> list[dict[str, 
     """Per Kafka partition, the subscription's position: the next offset to read (everything before it is
     delivered, discarded or parked), its newest offsets row. `committedAt` is epoch milliseconds: when it last
     moved."""
-    rows = _store(config).latest(OFFSETS, ("topic", "partition"), "committed_at DESC NULLS LAST, batch_id DESC",
+    rows = table_store(config).latest(OFFSETS, ("topic", "partition"), "committed_at DESC NULLS LAST, batch_id DESC",
                                  columns=("topic", "partition", "offset", "batch_id", "committed_at"),
                                  where=f"subscription = {sql_string(subscription.id)}").to_pylist()
     latest = {(row["topic"], row["partition"]): row for row in rows}
@@ -159,7 +162,7 @@ def last_retransmission(config: HeraldConfig, subscription: Subscription) -> dic
     """The subscription's last retransmission (who, when, from which offsets to which), or None."""
     from herald.storage.tables import RETRANSMISSIONS
 
-    rows = _store(config).read(RETRANSMISSIONS, subscription.id).to_pylist()
+    rows = table_store(config).read(RETRANSMISSIONS, subscription.id).to_pylist()
     if not rows:
         return None
     last = max(row["batch_id"] for row in rows)
@@ -179,7 +182,7 @@ def trace(config: HeraldConfig, subscription: Subscription, message_id: str) -> 
     from herald.delivery.report import STEP_ORDER
     from herald.storage.tables import TRACKING
 
-    rows = [row for row in _store(config).read(TRACKING, subscription.id).to_pylist()
+    rows = [row for row in table_store(config).read(TRACKING, subscription.id).to_pylist()
             if row["message_id"] == message_id]
     rows.sort(key=lambda row: (_epoch_ms(row["timestamp"]), STEP_ORDER.get(row["status"], 1)))
     return [
@@ -201,5 +204,5 @@ def trace(config: HeraldConfig, subscription: Subscription, message_id: str) -> 
 
 def advisories(config: HeraldConfig, subscription: Subscription) -> list[dict[str, Any]]:
     """The subscription's priority advisories (pins given and given up), oldest first; endpoints masked."""
-    rows = _store(config).read(ADVISORIES, subscription.id).to_pylist()
+    rows = table_store(config).read(ADVISORIES, subscription.id).to_pylist()
     return sorted(rows, key=lambda row: (row["timestamp"], row["type"] == "pinned"))

@@ -156,3 +156,36 @@ def test_a_jobs_own_maintenance_keeps_an_hour_of_history_at_least():
 
     maintenance = PeriodicMaintenance(SlowStore(), interval_hours=1, history=HistoryRetention(0.1, None))
     assert maintenance.history == HistoryRetention(offsets_hours=MIN_RUNNING_RETENTION_HOURS, history_hours=None)
+
+
+def test_a_pass_under_an_hour_holds_the_lease_and_stops_before_it_runs_out(tmp_path):
+    """`herald maintain --retention-hours 0.5`: the pass takes the storage path's lease, starts no table's pass
+    once less than MAINTAIN_TABLE_S of it is left (on the injected monotonic clock, seconds), and gives it back."""
+    from herald.storage import DeltaRsStore
+    from herald.storage.lease import StorageLease
+    from herald.storage.maintenance import MAINTAIN_LEASE_S, MAINTAIN_TABLE_S, maintain_storage
+
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    readings = iter([0.0, 1.0, MAINTAIN_LEASE_S - MAINTAIN_TABLE_S + 1.0])  # start, first table, second table
+
+    done = maintain_storage(store, 0.5, monotonic=lambda: next(readings))
+    assert done.stopped and [result.table for result in done.results] == [next(iter(SCHEMAS))]
+    lease = StorageLease(store)
+    lease.acquire()  # given back: a job may take it at once
+    lease.release()
+
+
+def test_a_pass_under_an_hour_is_refused_while_a_job_holds_the_lease(tmp_path):
+    from herald.storage import DeltaRsStore
+    from herald.storage.lease import LeaseHeld, StorageLease
+    from herald.storage.maintenance import maintain_storage
+
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    job = StorageLease(store)
+    job.acquire()
+    try:
+        with pytest.raises(LeaseHeld):
+            maintain_storage(store, 0.5)
+        assert maintain_storage(store, MIN_RUNNING_RETENTION_HOURS).results, "an hour or more needs no lease"
+    finally:
+        job.release()

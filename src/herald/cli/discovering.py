@@ -18,10 +18,9 @@ def endpoints_view(config, subscription) -> dict:
         return {"subscription": subscription.id, "source": "configured", "lookups": [], "changedAt": None,
                 "endpoints": [{"endpoint": e.masked, "lookups": []} for e in subscription.targets]}
     from herald.engine.endpoints.discoveries import recorded_endpoints
-    from herald.storage import DeltaRsStore
+    from herald.readout import table_store
 
-    recorded = recorded_endpoints(DeltaRsStore(config.storage_path, config.settings.storage.options),
-                                  subscription.id)
+    recorded = recorded_endpoints(table_store(config), subscription.id)
     return {"subscription": subscription.id, "source": "discovery",
             "lookups": [mask_secrets(url) for url in discovery.urls],
             "changedAt": recorded["changed_at_ms"] if recorded else None,

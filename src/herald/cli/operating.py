@@ -8,7 +8,6 @@ runner, `herald.config.edit`, `herald.engine.upkeep.moves`, `herald.storage.main
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from herald.cli.loading import load, load_herald_yaml, load_lenient, refuse, subscription_of
@@ -82,8 +81,8 @@ def cmd_state(args) -> int:
 
 def cmd_retransmit(args) -> int:
     from herald.engine.upkeep.moves import MoveError, parse_date, retransmit
+    from herald.readout import table_store
     from herald.source.kafka_offsets import KafkaOffsetsError
-    from herald.storage import DeltaRsStore
     from herald.storage.tables import epoch_ms
 
     config, subscription = load_lenient(args.conf, args.id)
@@ -93,11 +92,9 @@ def cmd_retransmit(args) -> int:
         print(f"{args.id}: {error}", file=sys.stderr)
         return 2
     kafka_topic = config.topic_of(subscription).kafka_topic
-    store = DeltaRsStore(config.storage_path, config.settings.storage.options or None,
-                         config.settings.storage.maintenanceRetentionHours)
     try:
-        current, move = retransmit(store, config.settings.kafka.client_config(), subscription.id, kafka_topic, date,
-                                   dry_run=args.dry_run)
+        current, move = retransmit(table_store(config), config.settings.kafka.client_config(), subscription.id,
+                                   kafka_topic, date, dry_run=args.dry_run)
     except KafkaOffsetsError as error:
         print(f"{args.id}: {error}", file=sys.stderr)
         return 1
@@ -117,53 +114,28 @@ def cmd_retransmit(args) -> int:
     return 0
 
 
-MAINTAIN_LEASE_S = 900.0
-"""How long `herald maintain` under an hour's retention holds the storage path's lease (seconds); it is not renewed,
-so that no lease row is written while files are deleted (a write in progress could lose its new file; old holders'
-rows are deleted before the first table's pass, `lease.forget_ended`)."""
-MAINTAIN_TABLE_S = 300.0
-"""Time left on that lease (seconds) below which no other table's pass starts (delta-rs: seconds a table)."""
-
-
 def cmd_maintain(args) -> int:
     from dataclasses import asdict
 
-    from herald.storage import DeltaRsStore
-    from herald.storage.lease import LeaseHeld, StorageLease
-    from herald.storage.maintenance import MIN_RUNNING_RETENTION_HOURS, maintain_tables
+    from herald.readout import table_store
+    from herald.storage.lease import LeaseHeld
+    from herald.storage.maintenance import MIN_RUNNING_RETENTION_HOURS, maintain_storage
 
     config = load_herald_yaml(args.conf)
     settings = config.settings.storage
     hours = args.retention_hours if args.retention_hours is not None else settings.maintenanceRetentionHours
-    store = DeltaRsStore(config.storage_path, settings.options or None, settings.maintenanceRetentionHours)
-    history = settings.history_retention()
-    if hours >= MIN_RUNNING_RETENTION_HOURS:
-        results = maintain_tables(store, hours, history=history)
-    else:  # files a job's reads may still need could go: no job may start on the tables during the pass
-        lease = StorageLease(store, ttl_s=MAINTAIN_LEASE_S)  # not renewed: no lease row is written during the pass
-        try:
-            lease.acquire()  # a holder whose row does not look current on this clock is watched first
-        except LeaseHeld as held:
-            print(f"not maintained: a retention under {MIN_RUNNING_RETENTION_HOURS:g} h could delete files a running "
-                  f"job still reads ({held}); stop it first, or keep --retention-hours at "
-                  f"{MIN_RUNNING_RETENTION_HOURS:g} or more")
-            return 1
-        ends = time.monotonic() + MAINTAIN_LEASE_S - MAINTAIN_TABLE_S
-        stopped: list[bool] = []
-
-        def running_out() -> bool:  # asked before each table: its pass starts only while the lease outlasts it
-            if time.monotonic() > ends:
-                stopped.append(True)
-            return bool(stopped)
-
-        try:
-            results = maintain_tables(store, hours, stopping=running_out, history=history)
-        finally:
-            lease.release()
-        if stopped:
-            print(f"the pass stopped after {len(results)} table(s): its lease of the storage path was running out; "
-                  "run it again for the others", file=sys.stderr)
-            return 1
+    try:
+        done = maintain_storage(table_store(config), hours, history=settings.history_retention())
+    except LeaseHeld as held:
+        print(f"not maintained: a retention under {MIN_RUNNING_RETENTION_HOURS:g} h could delete files a running "
+              f"job still reads ({held}); stop it first, or keep --retention-hours at "
+              f"{MIN_RUNNING_RETENTION_HOURS:g} or more")
+        return 1
+    results = done.results
+    if done.stopped:
+        print(f"the pass stopped after {len(results)} table(s): its lease of the storage path was running out; "
+              "run it again for the others", file=sys.stderr)
+        return 1
     if args.json:
         print_json([asdict(result) for result in results])
         return 0

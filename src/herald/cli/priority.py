@@ -15,13 +15,6 @@ from herald.cli.loading import load_lenient
 from herald.cli.output import iso, print_json
 
 
-def _store(config):
-    from herald.storage import DeltaRsStore
-
-    return DeltaRsStore(config.storage_path, config.settings.storage.options or None,
-                        config.settings.storage.maintenanceRetentionHours)
-
-
 def _pinned_subscription(args):
     """(config, subscription), or None after saying why on stderr (it has no priority policy pinned)."""
     config, subscription = load_lenient(args.conf, args.id)
@@ -37,12 +30,13 @@ def cmd_unpin(args) -> int:
     """Give the pin up (reason admin); exit 1 when there is nothing to give up (not pinned yet, or unpinned
     already), 2 when the subscription has no priority policy pinned."""
     from herald.engine.endpoints.priority_groups import unpin
+    from herald.readout import table_store
 
     found = _pinned_subscription(args)
     if found is None:
         return 2
     config, subscription = found
-    advisory, why = unpin(_store(config), subscription.id, getpass.getuser(), int(time.time() * 1000))
+    advisory, why = unpin(table_store(config), subscription.id, getpass.getuser(), int(time.time() * 1000))
     if args.json:
         print_json({"subscription": subscription.id, "unpinned": advisory is not None,
                     "endpoint": advisory.endpoint if advisory else None, "pinId": advisory.pin_id if advisory else None,
@@ -61,6 +55,7 @@ def cmd_unpin(args) -> int:
 def cmd_priority(args) -> int:
     """The group's state, as NATS' PriorityGroupState: policy, pinned endpoint, pin id, pinned since."""
     from herald.engine.endpoints.priority_groups import recorded_state
+    from herald.readout import table_store
 
     config, subscription = load_lenient(args.conf, args.id)
     priority = subscription.priority
@@ -68,7 +63,7 @@ def cmd_priority(args) -> int:
         state = {"policy": None}
     elif priority.policy == "pinned":
         state = {"policy": "pinned", "timeoutMs": priority.timeoutMs,
-                 **recorded_state(_store(config), subscription.id)}
+                 **recorded_state(table_store(config), subscription.id)}
     else:
         state = {"policy": priority.policy}
     if args.json:

@@ -5,15 +5,17 @@
 - `Batched`: the messages go into a `herald.delivery.batcher.Batcher`; each batch that closes becomes a unit,
   sent once it is the first of its partition (batches of one partition go out in order, one at a time).
 
-An assembly tells its lane about units through a `UnitSink`: `created` (the lane counts it as not attempted
-yet when it is `fresh`) and `ready` (its attempts may start). At the end of the lane it hands back what is
-unfinished (`leftovers`), each with the state it is carried or parked with.
+Both are an `Assembly`, the protocol the lane calls. An assembly tells its lane about units through a
+`UnitSink`: `created` (the lane counts it as not attempted yet when it is `fresh`) and `ready` (its attempts
+may start). When nothing fresh is left it says why the lane waits (`stuck`: a `Stuck`), and at the end of the
+lane it hands back what is unfinished (`leftovers`), each with the state it is carried or parked with.
 
 `now` is the loop's `herald.delivery.clock.Instant`; the times units keep are its monotonic seconds.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from typing import Protocol
 
 from herald.delivery.batcher import Batch, Batcher, batch_id
 from herald.delivery.clock import Instant
-from herald.delivery.message import Record, RetryState, TargetState
+from herald.delivery.message import Record, RetryState
 from herald.delivery.plan import LanePlan, Target
 from herald.delivery.policy import EndedBy
 from herald.delivery.unit import BatchUnit, Broadcast, MemberUnit, MessageUnit, Unit
@@ -32,6 +34,13 @@ class UnitSink(Protocol):
     def created(self, unit: Unit) -> None: ...
 
     def ready(self, unit: Unit) -> None: ...
+
+
+class Stuck(enum.Enum):
+    """Why a lane with nothing fresh left waits (`Assembly.stuck`)."""
+
+    RETRIES = "retries"  # only retries can move it: it settles once that has lasted long enough
+    FILLING = "filling"  # it holds only filling batches: carry them now rather than hold the round
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,51 @@ class Leftover:
     units: list[Unit]
     untouched: bool
     always_carried: bool = False
+
+
+class Assembly(Protocol):
+    """What a lane asks of its assembly (`Serial` or `Batched`); `now` is the loop's `Instant`."""
+
+    tracks_reads: bool  # True: it needs `read_through` for every partition the input reads past
+
+    @property
+    def in_flight(self) -> int:
+        """Messages (SERIAL) or batches (BATCH) admitted and not ended."""
+
+    @property
+    def held(self) -> int:
+        """Messages it holds."""
+
+    @property
+    def empty(self) -> bool:
+        """Nothing admitted is left."""
+
+    def place(self, record: Record, now: Instant) -> bool | Refused:
+        """Admit `record` (False: no room now; `Refused`: it cannot be sent)."""
+
+    def ended(self, unit: Unit, message_ended: bool) -> None:
+        """`unit` ended (`message_ended`: and so did its message, a BROADCAST member's last sibling included)."""
+
+    def placed_all(self, now: Instant) -> None:
+        """Every row of the input so far is placed."""
+
+    def close_due(self, now: Instant, everything: bool = False) -> None:
+        """Close what is due (`everything`: all that is filling)."""
+
+    def next_close(self) -> float | None:
+        """When (monotonic seconds) something closes next, or None."""
+
+    def read_through(self, partition: int, next_offset: int) -> bool:
+        """The input read `partition` up to `next_offset`; True when that closed something."""
+
+    def input_ended(self, now: Instant) -> bool:
+        """The input is read to its end; True when that closed something."""
+
+    def stuck(self, input_done: bool, pending: bool) -> Stuck | None:
+        """With nothing fresh in the lane: why it waits, or None while something else can move it."""
+
+    def leftovers(self, waiting: Iterable[Unit], now: Instant) -> list[Leftover]:
+        """The unfinished messages (or batches) at the end of the lane, each with its state."""
 
 
 class Serial:
@@ -150,40 +204,28 @@ class Serial:
     def input_ended(self, now: Instant) -> bool:
         return False
 
-    def stuck(self, input_done: bool, pending: bool) -> str | None:
-        """With nothing fresh in the lane: 'waiting' when only retries can move it (no input left, or no room),
+    def stuck(self, input_done: bool, pending: bool) -> Stuck | None:
+        """With nothing fresh in the lane: RETRIES when only retries can move it (no input left, or no room),
         else None."""
         if self.in_flight > 0 and ((input_done and not pending) or self.in_flight >= self.plan.inflight):
-            return "waiting"
+            return Stuck.RETRIES
         return None
 
     def leftovers(self, waiting: Iterable[Unit], now: Instant) -> list[Leftover]:
         """The unfinished messages among the `waiting` units, each with its state (a BROADCAST message's sums
         up its endpoints')."""
-        groups: dict[int, list[MemberUnit]] = {}
+        groups: dict[int, tuple[Broadcast, list[MemberUnit]]] = {}
         result = []
         for unit in waiting:
-            if isinstance(unit, MemberUnit):
-                groups.setdefault(id(unit.group), []).append(unit)
+            if unit.group is not None:
+                groups.setdefault(id(unit.group), (unit.group, []))[1].append(unit)
             else:
                 result.append(Leftover(unit.anchor, unit.state(now), [unit], unit.attempts == 0))
-        for members in groups.values():
-            group = members[0].group
-            untouched = group.remaining == len(group.members) and all(unit.attempts == 0 for unit in members)
-            result.append(Leftover(members[0].anchor, _broadcast_state(members, now), members, untouched))
+        for group, members in groups.values():
+            result.append(Leftover(members[0].anchor, Broadcast.state(members, now), members,
+                                   group.untouched(members)))
         self.in_flight = 0
         return result
-
-
-def _broadcast_state(members: list[MemberUnit], now: Instant) -> RetryState:
-    """A BROADCAST message's state: each unfinished endpoint's own, summed up as most attempts, earliest due."""
-    states = [(unit.target, unit.state(now)) for unit in members]
-    latest = max(states, key=lambda item: item[1].attempts)[1]
-    return RetryState(
-        attempts=latest.attempts, first_read_ms=latest.first_read_ms, due_ms=min(s.due_ms for _, s in states),
-        last_status=latest.last_status, last_reason=latest.last_reason,
-        targets=tuple(TargetState(index, s.attempts, s.due_ms, s.backoff_s, s.last_status, s.last_reason)
-                      for index, s in sorted(states, key=lambda item: item[0])))
 
 
 def _json_element(body: bytes | None) -> bytes | str:
@@ -273,15 +315,15 @@ class Batched:
         self.close_due(now, everything=True)
         return True
 
-    def stuck(self, input_done: bool, pending: bool) -> str | None:
+    def stuck(self, input_done: bool, pending: bool) -> Stuck | None:
         """With nothing fresh: None while more input may fill its batches (or, with `flush`, they close once
-        it is read); 'now' when it holds only filling batches (carry them rather than hold the round);
-        else 'waiting'."""
+        it is read); FILLING when it holds only filling batches (carry them rather than hold the round);
+        else RETRIES."""
         if not input_done and not pending:
             return None
         if self.flush and input_done and self._batcher.next_close() is not None:
             return None
-        return "waiting" if self._batcher.any_closed_first() else "now"
+        return Stuck.RETRIES if self._batcher.any_closed_first() else Stuck.FILLING
 
     def leftovers(self, waiting: Iterable[Unit], now: Instant) -> list[Leftover]:
         """Every batch not ended (filling, closed or in retry), carried at its first offset with its state."""
@@ -291,6 +333,6 @@ class Batched:
 
 
 def assembly_for(plan: LanePlan, targets: tuple[Target, ...], choice, sink: UnitSink,
-                 flush: bool) -> Serial | Batched:
+                 flush: bool) -> Assembly:
     return Batched(plan, sink, flush) if plan.batch is not None else Serial(plan, targets, choice, sink)
 

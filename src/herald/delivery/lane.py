@@ -29,7 +29,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 
-from herald.delivery.assembly import Refused, assembly_for
+from herald.delivery.assembly import Refused, Stuck, assembly_for
 from herald.delivery.choice import endpoint_choice
 from herald.delivery.clock import Instant
 from herald.delivery.flow import MAX_TURNS_RATE_PER_S, FlowController, RateCap, Turns
@@ -42,7 +42,7 @@ from herald.delivery.policy import EndedBy, GiveUp, Retry
 from herald.delivery.report import DISCARDED, FAILED, FILTERED, INFLIGHT, SUCCESS, Carried, LaneReport, Parked
 from herald.delivery.signing import signature_lines
 from herald.delivery.transport import HttpAnswer, HttpRequest
-from herald.delivery.unit import Unit
+from herald.delivery.unit import Unit, UnitEnd
 
 StartAttempt = Callable[[HttpRequest, object], None]
 
@@ -302,7 +302,7 @@ class Lane:
         """`unit` ended: delivered, or given up with `failure` (reason, ended_by: an undelivered row for each
         of its messages; for a BROADCAST member, naming the endpoint it missed). Its message(s) end with it,
         or (BROADCAST) with the last member: delivered only if no member was given up."""
-        unit.finish("delivered" if failure is None else "discarded")
+        unit.finish(UnitEnd.DELIVERED if failure is None else UnitEnd.DISCARDED)
         became = unit.end(failed=failure is not None)
         self.assembly.ended(unit, became is not None)
         if failure is not None:
@@ -313,13 +313,13 @@ class Lane:
                                      endpoint, unit.batch_id)
         if became is None:
             return
-        self._ended_carried(unit.anchor, SUCCESS if became == "delivered" else DISCARDED)
+        self._ended_carried(unit.anchor, SUCCESS if became is UnitEnd.DELIVERED else DISCARDED)
         if unit.batch_id is not None:
-            if became == "delivered":
+            if became is UnitEnd.DELIVERED:
                 self.counters.batches_delivered += 1
             else:
                 self.counters.batches_discarded += 1
-        if became != "delivered":
+        if became is not UnitEnd.DELIVERED:
             return
         records = unit.records
         self.counters.delivered += len(records)
@@ -353,7 +353,7 @@ class Lane:
         if how is None:
             self._stalled_since = None
             return None
-        if how == "now":
+        if how is Stuck.FILLING:
             return -math.inf  # only filling batches: carry them now rather than hold the round
         if self._stalled_since is None:
             self._stalled_since = now.s
@@ -385,12 +385,12 @@ class Lane:
             if positional and (leftover.always_carried or self.plan.ordered
                                or record.offset >= self.report.stops.get(record.partition, math.inf)):
                 for unit in leftover.units:
-                    unit.finish("carried")
+                    unit.finish(UnitEnd.CARRIED)
                 self.report.carried.append(Carried(record.partition, record.offset, leftover.state))
                 self.report.stop(record.partition, record.offset)
             else:
                 for unit in leftover.units:
-                    unit.finish("parked")
+                    unit.finish(UnitEnd.PARKED)
                 self.report.parked.append(Parked(record, leftover.state))
                 self.counters.parked += 1
         self._fresh = 0

@@ -20,8 +20,19 @@ parked or carried (`finish` asserts it).
 
 from __future__ import annotations
 
+import enum
+
 from herald.delivery.clock import Instant
-from herald.delivery.message import Record, RetryState
+from herald.delivery.message import Record, RetryState, TargetState
+
+
+class UnitEnd(str, enum.Enum):
+    """How a unit (and, once its last BROADCAST sibling ends, its messages) ended in this task."""
+
+    DELIVERED = "delivered"
+    DISCARDED = "discarded"  # given up: an undelivered row for each of its messages
+    CARRIED = "carried"  # unfinished, its state carried behind the position (ordered, BATCH)
+    PARKED = "parked"  # unfinished, parked for the retry driver
 
 
 class Unit:
@@ -32,6 +43,7 @@ class Unit:
 
     batch_id: str | None = None  # a batch's id (its undelivered rows carry it)
     target_fixed = False  # True: every attempt goes to `target` (a BROADCAST member)
+    group: Broadcast | None = None  # a BROADCAST member's message (`MemberUnit`)
 
     def __init__(self, first_read_at: float, due_at: float) -> None:
         self.first_read_at = first_read_at
@@ -40,7 +52,7 @@ class Unit:
         self.backoff_s: float | None = None
         self.last_status: int | None = None
         self.last_reason = ""
-        self.finished: str | None = None
+        self.finished: UnitEnd | None = None
         self.target = -1  # the endpoint its first attempt here went to (-1: none yet), or its fixed one
         self.bearer: str | None = None  # OAuth: the token its open attempt carries (never shown)
         self.fresh = False  # counted by its lane as not attempted yet (in this task)
@@ -74,10 +86,10 @@ class Unit:
         """The URL of endpoint `index` filled for this unit, or None: the endpoint's own."""
         return None
 
-    def end(self, failed: bool) -> str | None:
-        """This unit ended (`failed`: given up). Returns what its messages became now: 'delivered',
-        'discarded', or None while a BROADCAST sibling has not ended."""
-        return "discarded" if failed else "delivered"
+    def end(self, failed: bool) -> UnitEnd | None:
+        """This unit ended (`failed`: given up). Returns what its messages became now: DELIVERED or DISCARDED,
+        or None while a BROADCAST sibling has not ended."""
+        return UnitEnd.DISCARDED if failed else UnitEnd.DELIVERED
 
     # -- its progress -----------------------------------------------------------------------------------------
     def resume(self, state: RetryState, now: Instant) -> Unit:
@@ -101,7 +113,7 @@ class Unit:
             last_reason=self.last_reason,
         )
 
-    def finish(self, how: str) -> None:
+    def finish(self, how: UnitEnd) -> None:
         assert self.finished is None, f"{self.id} already {self.finished}"
         self.finished = how
 
@@ -157,6 +169,29 @@ class Broadcast:
         self.remaining = 0  # members not ended
         self.failed = 0  # members given up
 
+    def member_ended(self, failed: bool) -> UnitEnd | None:
+        """One member ended (`failed`: given up). What the message became: None while others have not ended."""
+        self.remaining -= 1
+        self.failed += failed
+        if self.remaining:
+            return None
+        return UnitEnd.DISCARDED if self.failed else UnitEnd.DELIVERED
+
+    def untouched(self, waiting: list[MemberUnit]) -> bool:
+        """No member has ended or been attempted (`waiting`: the members not ended)."""
+        return self.remaining == len(self.members) and all(unit.attempts == 0 for unit in waiting)
+
+    @staticmethod
+    def state(waiting: list[MemberUnit], now: Instant) -> RetryState:
+        """The message's state from its `waiting` members' own: most attempts, earliest due, and each endpoint's."""
+        states = [(unit.target, unit.state(now)) for unit in waiting]
+        latest = max(states, key=lambda item: item[1].attempts)[1]
+        return RetryState(
+            attempts=latest.attempts, first_read_ms=latest.first_read_ms, due_ms=min(s.due_ms for _, s in states),
+            last_status=latest.last_status, last_reason=latest.last_reason,
+            targets=tuple(TargetState(index, s.attempts, s.due_ms, s.backoff_s, s.last_status, s.last_reason)
+                          for index, s in sorted(states, key=lambda item: item[0])))
+
 
 class MemberUnit(MessageUnit):
     """A BROADCAST message at one endpoint (`target`), with its own attempts and backoff."""
@@ -170,13 +205,8 @@ class MemberUnit(MessageUnit):
         self.target = target
         self.group = group
 
-    def end(self, failed: bool) -> str | None:
-        group = self.group
-        group.remaining -= 1
-        group.failed += failed
-        if group.remaining:
-            return None
-        return "discarded" if group.failed else "delivered"
+    def end(self, failed: bool) -> UnitEnd | None:
+        return self.group.member_ended(failed)
 
 
 class BatchUnit(Unit):

@@ -15,16 +15,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from herald.storage.history import HistoryRetention, prune
-from herald.storage.lease import forget_ended
+from herald.storage.lease import StorageLease, forget_ended
 from herald.storage.store import DEFAULT_RETENTION_HOURS, TableStore, TableUpkeep
 from herald.storage.tables import SCHEMAS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_RETENTION_HOURS", "MIN_RUNNING_RETENTION_HOURS", "PeriodicMaintenance", "maintain_tables"]
+__all__ = ["DEFAULT_RETENTION_HOURS", "MIN_RUNNING_RETENTION_HOURS", "MaintenancePass", "PeriodicMaintenance",
+           "maintain_storage", "maintain_tables"]
 
 
 def maintain_tables(store: TableStore, retention_hours: float = DEFAULT_RETENTION_HOURS,
@@ -63,6 +65,47 @@ delta-spark a vacuum deletes every file the log does not name once it is older t
 also a file the table writer has written and not committed yet, which the commit then names; with delta-rs (it
 deletes only files the log removed) a vacuum at 0 hours deletes the files a compaction has just replaced while
 a read of the version before it may still need them."""
+
+MAINTAIN_LEASE_S = 900.0
+"""How long a pass under an hour's retention (`maintain_storage`) holds the storage path's lease (seconds); it is
+not renewed, so that no lease row is written while files are deleted (a write in progress could lose its new file;
+old holders' rows are deleted before the first table's pass, `lease.forget_ended`)."""
+MAINTAIN_TABLE_S = 300.0
+"""Time left on that lease (seconds) below which no other table's pass starts (delta-rs: seconds a table)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MaintenancePass:
+    """What `maintain_storage` did: each table's upkeep, and whether it stopped before every table (its lease was
+    running out)."""
+
+    results: list[TableUpkeep]
+    stopped: bool = False
+
+
+def maintain_storage(store: TableStore, retention_hours: float, history: HistoryRetention | None = None,
+                     monotonic: Callable[[], float] = time.monotonic) -> MaintenancePass:
+    """`herald maintain`: one pass over every table. A retention under `MIN_RUNNING_RETENTION_HOURS` could delete
+    files a running job still reads, so that pass holds the storage path's lease (`MAINTAIN_LEASE_S`, not renewed)
+    and raises `herald.storage.lease.LeaseHeld` when a job holds it; it starts no table's pass once less than
+    `MAINTAIN_TABLE_S` of the lease is left (`monotonic`: seconds)."""
+    if retention_hours >= MIN_RUNNING_RETENTION_HOURS:
+        return MaintenancePass(maintain_tables(store, retention_hours, history=history))
+    lease = StorageLease(store, ttl_s=MAINTAIN_LEASE_S)  # not renewed: no lease row is written during the pass
+    lease.acquire()  # a holder whose row does not look current on this clock is watched first
+    ends = monotonic() + MAINTAIN_LEASE_S - MAINTAIN_TABLE_S
+    stopped: list[bool] = []
+
+    def running_out() -> bool:  # asked before each table: its pass starts only while the lease outlasts it
+        if monotonic() > ends:
+            stopped.append(True)
+        return bool(stopped)
+
+    try:
+        results = maintain_tables(store, retention_hours, stopping=running_out, history=history)
+    finally:
+        lease.release()
+    return MaintenancePass(results, bool(stopped))
 
 
 class PeriodicMaintenance:
