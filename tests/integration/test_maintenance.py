@@ -17,7 +17,7 @@ from herald.storage.properties import table_properties
 from herald.storage.store import Slice
 from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
 from tests.support.herald_env import write_conf
-from tests.support.history_rows import CLOCK_MS, HOUR_MS, history, kept, standing
+from tests.support.history_rows import CLOCK_MS, HOUR_MS, ago, history, kept, standing
 
 NOW = dt.datetime(2026, 11, 24, tzinfo=dt.timezone.utc)
 
@@ -232,3 +232,24 @@ def test_a_clock_ahead_of_the_tables_does_not_age_their_rows(tmp_path):
     maintain_tables(store, 168, history=HistoryRetention(offsets_hours=24, history_hours=24),
                     now_ms=CLOCK_MS + 240 * HOUR_MS)
     assert ("g.t.a", 1, 2.0) in kept(store)[OFFSETS], "2 h before the newest row: younger than a day"
+
+
+def test_a_shared_reads_newest_micro_batch_keeps_its_offsets_rows_however_old(tmp_path):
+    """A micro-batch written whole and not committed by Spark before a crash is replayed at the restart; the
+    replay asks the offsets table whether that batch was recorded (`TopicPipeline._recorded_before`) and, finding
+    no row, records it again as an empty round, whose slices replace the batch's undelivered rows. So the newest
+    micro-batch of each shared read keeps its offsets rows past the retention, even when later catch-up rounds
+    superseded them and the job stayed down longer than offsetsRetentionHours."""
+    from herald.storage.history import HistoryRetention
+
+    store = DeltaRsStore(str(tmp_path))
+    writer = "stream:q1:g.t"
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 8, 1: 9}, writer, 6, ago(30)))
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 5, 1: 5}, writer, 5, ago(31)))  # an older batch
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 20, 1: 20}, "catchup:c", 1, ago(20)))  # superseded
+
+    maintain_tables(store, 168, history=HistoryRetention(offsets_hours=6, history_hours=None), now_ms=CLOCK_MS)
+    left = store.read(OFFSETS).to_pylist()
+    assert sorted((r["writer"], r["batch_id"], r["partition"]) for r in left) == [
+        ("catchup:c", 1, 0), ("catchup:c", 1, 1), (writer, 6, 0), (writer, 6, 1)], \
+        "the positions, and the newest micro-batch's rows; the older batch's rows go"

@@ -6,7 +6,10 @@ ended, and an offsets row per position it moved (a busy topic: subscriptions x p
 (`maintenance.maintain_tables`) deletes, before it compacts a table:
 
 - `offsets`: rows older than `storage.offsetsRetentionHours` (6) that are not the newest row of their
-  (subscription, topic, partition): the newest is the position, however old.
+  (subscription, topic, partition): the newest is the position, however old. Nor the rows of each shared read's
+  newest micro-batch (its `stream:` writer's highest batch_id): a restart whose checkpoint did not commit that
+  batch asks them whether it was recorded (`TopicPipeline._recorded_before`), and without them it would record
+  the batch again as an empty round, replacing its undelivered and retries rows.
 - `retries`: rows older than `storage.historyRetentionHours` (168) that are not the newest row of their
   (subscription, partition, offset) while that row is PARKED or HELD (a parked message, or a state a position
   stops at); a message whose newest row ended it (DELIVERED, DISCARDED, RELEASED) that long ago goes whole.
@@ -79,7 +82,8 @@ def prune(store: TableStore, table: str, retention: HistoryRetention, now_ms: in
         return None
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if table == OFFSETS:
-        return _prune_keyed(store, OFFSETS, ("subscription", "topic", "partition"), "committed_at", hours, now_ms)
+        return _prune_keyed(store, OFFSETS, ("subscription", "topic", "partition"), "committed_at", hours, now_ms,
+                            keep_from=_newest_micro_batches(store))
     if table == RETRIES:
         return _prune_keyed(store, RETRIES, ("subscription", "partition", "offset"), "recorded_at", hours, now_ms,
                             live=(PARKED, HELD))
@@ -100,11 +104,27 @@ def _cutoff_us(store: TableStore, table: str, moment: str, hours: float, now_ms:
     return min(now_ms * 1000, newest) - int(hours * 3_600_000_000)
 
 
+def _newest_micro_batches(store: TableStore) -> dict[tuple, int]:
+    """(subscription, topic, partition) -> the earliest `committed_at` (epoch µs) of its rows written by the
+    newest micro-batch of a shared read (the highest batch_id of a `stream:` writer): rows from then on stay."""
+    q = store.quote
+    keys = f"o.{q('subscription')}, o.{q('topic')}, o.{q('partition')}"
+    found = store.select(OFFSETS, (
+        f"SELECT {keys}, min(o.{q('committed_at')}) AS keep_from FROM {OFFSETS} o JOIN (SELECT {q('writer')} AS w, "
+        f"max({q('batch_id')}) AS b FROM {OFFSETS} WHERE {q('writer')} LIKE 'stream:%' GROUP BY {q('writer')}) n "
+        f"ON o.{q('writer')} = n.w AND o.{q('batch_id')} = n.b GROUP BY {keys}"))
+    if not found.num_rows:
+        return {}
+    columns = [found.column(name).to_pylist() for name in ("subscription", "topic", "partition")]
+    return dict(zip(zip(*columns), _micros(found.column("keep_from"))))
+
+
 def _prune_keyed(store: TableStore, table: str, keys: tuple[str, str, str], moment: str, hours: float, now_ms: int,
-                 live: tuple[str, ...] = ()) -> int:
+                 live: tuple[str, ...] = (), keep_from: dict[tuple, int] | None = None) -> int:
     """Delete the rows older than the cutoff whose key's newest row (by `moment`, then batch_id) is younger, or is
     not in a `live` state (`state` column), and, of the keys whose newest row is older and live (or any older
-    newest row without `live`), the rows older than that row. Returns the rows deleted."""
+    newest row without `live`), the rows older than that row. A key in `keep_from` keeps its rows from that
+    instant (epoch µs) on whatever their age. Returns the rows deleted."""
     cutoff = _cutoff_us(store, table, store.quote(moment), hours, now_ms)
     if cutoff is None:
         return 0
@@ -127,6 +147,8 @@ def _prune_keyed(store: TableStore, table: str, keys: tuple[str, str, str], mome
             continue
         keep_newest = newest[row] < cutoff and (not live or states[row] in live)
         bound = newest[row] if keep_newest else cutoff  # a newest row to keep, else the retention
+        if keep_from and (first, second, last) in keep_from:
+            bound = min(bound, keep_from[(first, second, last)])
         if oldest[row] < bound:
             groups.setdefault((first, second, bound), []).append(last)
     deleted = 0
