@@ -44,18 +44,21 @@ def _move(state: SubscriptionState, to_offsets: dict[int, int]) -> Move:
                 int(now.timestamp() * 1000), "operator")
 
 
-def _round_over(pipeline: TopicPipeline, state: SubscriptionState, positions: dict[int, int]) -> tuple[int, object]:
-    """A stream round of `state` that ends at `positions`: its outcome taken in, not yet recorded."""
+def _round_over(pipeline: TopicPipeline, state: SubscriptionState, positions: dict[int, int],
+                parked: list | None = None) -> tuple[int, object]:
+    """A stream round of `state` that ends at `positions` (having `parked` those messages): its outcome taken in,
+    not yet recorded."""
     state.busy = True
-    outcome = SubscriptionOutcome(state.subscription, positions=positions)
+    outcome = SubscriptionOutcome(state.subscription, positions=positions, parked=parked or [])
     participants = [Participant(0, state, lane_plan(state, pipeline.context.flow_settings, 0))]
     with pipeline.lock:
         stamp = pipeline.apply(participants, [outcome])
     return stamp, outcome
 
 
-def _record(pipeline: TopicPipeline, stamp: int, outcome, batch_id: int) -> None:
-    steps.record(pipeline.context, RoundResult(STREAM, "stream:q", batch_id, TOPIC, "test", [outcome]), 0.0, stamp)
+def _record(pipeline: TopicPipeline, stamp: int, outcome, batch_id: int, park=None) -> None:
+    steps.record(pipeline.context, RoundResult(STREAM, "stream:q", batch_id, TOPIC, "test", [outcome]), 0.0, stamp,
+                 park=park)
 
 
 def test_a_move_applied_by_another_thread_before_the_round_is_recorded_outranks_the_rounds_positions(tmp_path):

@@ -79,7 +79,9 @@ class TopicPipeline:
         self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
         self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
         self.batch_in_progress = False
-        self._moved: list = []  # (slice, stamp -> its tables, urgent, new): moves and resets, after rounds' rows
+        # (slice, stamp -> its tables, urgent, new, after parking): moves and resets, after rounds' rows
+        self._moved: list = []
+        self._parking = 0  # rounds applied whose parked messages have not been handed to the retry driver yet
         self.read = None  # the shared read (engine.triggers.shared_read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
         self.catchup = CatchUp(self)  # started by `Topics`
@@ -140,15 +142,19 @@ class TopicPipeline:
         subscription = state.subscription
         self._moved.append((Slice(move.writer, move.move_id), lambda stamp: moves.applied_tables(
             move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id, move.kafka_topic), stamp),
-            False, False))
+            False, False, False))
         log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
 
     def flush_moves(self) -> None:
         """Write the positions of the moves and resets applied since the last call, after the rounds' own rows,
-        and mark the moves applied."""
+        and mark the moves applied. What must come after the parking of rounds already applied (a reset's end of
+        the old log's parked messages: a round that read the old log parks after its `apply`) waits while one of
+        them has not parked yet; that round's own call writes it (`parking_ended`)."""
         with self.lock:
-            moved, self._moved = self._moved, []
-        for part, tables_at, urgent, new in moved:  # new: a slice of its own (a reset's), appended
+            waits = self._parking > 0
+            moved = [item for item in self._moved if not (waits and item[4])]
+            self._moved = [item for item in self._moved if waits and item[4]]
+        for part, tables_at, urgent, new, _ in moved:  # new: a slice of its own (a reset's), appended
             tables = tables_at(stamp_ms())
             if tables:
                 self.context.writer.submit(part, tables, urgent=urgent, new=new)
@@ -233,7 +239,7 @@ class TopicPipeline:
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
         tables = reset_tables(state.subscription, reset, outcome, stamp, self.context.cluster, pending.positions,
                               ended)
-        self._moved.append((Slice(reset_writer(state.id), reset.found_ms), lambda _: tables, True, True))
+        self._moved.append((Slice(reset_writer(state.id), reset.found_ms), lambda _: tables, True, True, False))
         # a round ending now (the one this reset waited for) parks what it read of the old log after this: those
         # end too, when the moves are written (after the round's rows)
         subscription = state.subscription
@@ -245,7 +251,8 @@ class TopicPipeline:
             late, late_stamp = self.retries.end_old_log(self.kafka_topic, firsts, reason, subscription)
             return [] if late is None else parked_discard_tables(subscription, late, late_stamp, self.context.cluster,
                                                                  f"reset-parked:{subscription.id}", reset.found_ms)
-        self._moved.append((Slice(f"reset-parked:{subscription.id}", reset.found_ms), parked_since, True, True))
+        self._moved.append((Slice(f"reset-parked:{subscription.id}", reset.found_ms), parked_since, True, True,
+                            True))
         log.info("%s: %s goes on from %s (was at %s)%s", state.id, self.kafka_topic, outcome.positions,
                  {p: pending.positions.get(p) for p in outcome.positions},
                  "; lost " + ", ".join(f"{p}: {a}..{b - 1}" for p, a, b in outcome.lost) if outcome.lost else "")
@@ -392,10 +399,13 @@ class TopicPipeline:
                            for p in participants]
         finally:
             stamp = self._end_batch(batch, results)
-        steps.record(context, RoundResult(STREAM, batch.writer, batch.batch_id, self.kafka_topic, context.cluster,
-                                          results, batch.topic_id),
-                     time.monotonic() - batch.started, stamp, possible_replay=self._replay_possible,
-                     park=self.retries.park)
+        try:
+            steps.record(context, RoundResult(STREAM, batch.writer, batch.batch_id, self.kafka_topic,
+                                              context.cluster, results, batch.topic_id),
+                         time.monotonic() - batch.started, stamp, possible_replay=self._replay_possible,
+                         park=self.retries.park)
+        finally:
+            self.parking_ended(results)
         self._replay_possible = False
         self.healthy = True
         self.round_succeeded()
@@ -413,7 +423,7 @@ class TopicPipeline:
         try:
             with self.lock:
                 try:
-                    stamp = self.apply(batch.participants, results)
+                    stamp = self.apply(batch.participants, results, batch.topic_id)
                 finally:
                     self._set_frontier(batch.ranges)
                     self.batch_in_progress = False
@@ -474,15 +484,21 @@ class TopicPipeline:
             raise
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
-    def apply(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> int:
+    def apply(self, participants: list[Participant], results: list[SubscriptionOutcome],
+              topic_id: str | None = None) -> int:
         """Take a round's outcomes into the states (lock held). Its parked messages go to the retry driver only
         once the round's rows are handed to the writer (`record`), so that a retry round's rows about them are
-        always written after their PARKED rows.
+        always written after their PARKED rows; until its caller says so (`parking_ended`), a reset's end of the
+        old log's parked messages waits (`flush_moves`).
+
+        `topic_id`: the Kafka topic id the round's rows carry (the one it was planned with; None: none).
 
         Returns the stamp (epoch ms) of the round's rows, taken here, before its subscriptions are free and before
         the moves asked during the round are applied: a move written by another thread before this round is
         recorded, or the subscriptions' next round recorded first, is still newer than the round's rows."""
         stamp = stamp_ms()
+        if any(result.parked for result in results):
+            self._parking += 1
         by_id = {result.subscription.id: result for result in results}
         for participant in participants:
             state = participant.state
@@ -494,7 +510,7 @@ class TopicPipeline:
             before = dict(state.positions)
             for partition, offset in result.positions.items():
                 state.positions[partition] = max(state.positions.get(partition, offset), offset)
-            result.positions = self._to_write(state, before, result.positions)
+            result.positions = self._to_write(state, before, result.positions, topic_id)
             before = set(state.carried)
             for item in result.carried:
                 state.carried[(item.partition, item.offset)] = item.state
@@ -510,13 +526,21 @@ class TopicPipeline:
                 self._move(participant.state, move)
         return stamp
 
-    def _to_write(self, state: SubscriptionState, before: dict[int, int], covered: dict[int, int]) -> dict[int, int]:
+    def parking_ended(self, results: list[SubscriptionOutcome]) -> None:
+        """The round whose `results` were applied has handed its parked messages to the retry driver (or never
+        will: it was not recorded); the caller then calls `flush_moves`."""
+        if any(result.parked for result in results):
+            with self.lock:
+                self._parking -= 1
+
+    def _to_write(self, state: SubscriptionState, before: dict[int, int], covered: dict[int, int],
+                  topic_id: str | None) -> dict[int, int]:
         """(lock held) The positions a round's offsets rows hold: those of the partitions it `covered` that moved
-        from where they were `before` it; all of them when the state's rows do not name the Kafka topic id the
-        round's rows carry (an id learnt since, or rows a move or a reset wrote). A position that stayed has its
-        newest row already: a row for it would only grow the table (docs/design.md §8)."""
-        if self.topic_id is not None and state.rows_topic_id != self.topic_id:
-            state.rows_topic_id = self.topic_id
+        from where they were `before` it; all of them when the state's rows do not name `topic_id`, the Kafka topic
+        id the round's rows carry (an id learnt since, or rows a move or a reset wrote). A position that stayed has
+        its newest row already: a row for it would only grow the table (docs/design.md §8)."""
+        if topic_id is not None and state.rows_topic_id != topic_id:
+            state.rows_topic_id = topic_id
             return {partition: state.positions[partition] for partition in covered}
         return {partition: state.positions[partition] for partition in covered
                 if before.get(partition) != state.positions[partition]}

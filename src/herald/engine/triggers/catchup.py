@@ -169,16 +169,19 @@ class CatchUp:
                                         max_tasks=max(1, context.parallelism // 2), shared=False, known_lost=deleted)
         finally:
             with pipeline.lock:
-                stamp = pipeline.apply(participants, results)
+                stamp = pipeline.apply(participants, results, topic_id)
                 try:  # its outcome is taken: nothing here may keep it from being recorded
                     _after_round(pipeline, group, results, before, frontier)
                 except Exception:  # noqa: BLE001 - bookkeeping of when to run again; the round is recorded
                     log.exception("%s catch-up: after its round", pipeline.kafka_topic)
             steps.release_pins(context, participants, results)
         batch_id = self.next_round_id()
-        steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", batch_id,
-                                          pipeline.kafka_topic, context.cluster, results, topic_id),
-                     time.monotonic() - started, stamp, park=pipeline.retries.park)
+        try:
+            steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}",
+                                              batch_id, pipeline.kafka_topic, context.cluster, results, topic_id),
+                         time.monotonic() - started, stamp, park=pipeline.retries.park)
+        finally:
+            pipeline.parking_ended(results)
         pipeline.flush_moves()
         log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,
                  ", ".join(state.id for state in group), sum(e - s for s, e in ranges.values()),
