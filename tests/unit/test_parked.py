@@ -3,6 +3,8 @@ tell a round whether the message it took is still the one parked, and the messag
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from herald.delivery.message import Record, RetryState
@@ -56,3 +58,24 @@ def test_a_new_log_takes_out_the_old_messages_at_and_past_its_offsets(registry):
     assert registry.count("a") == 3, "0, 1 and the other topic's stay"
     registry.postpone("a", registry.due("a", 10, 10, False), 5000)
     assert registry.next_due("a", False) == 5000
+
+
+def test_a_killed_jobs_directory_is_deleted_by_the_next_registry_and_a_running_ones_kept(tmp_path):
+    """kill -9 leaves a registry's directory (its parked bodies) behind: the next registry in the same place
+    deletes those of processes that are gone, never one of a process still running (this one included)."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = tmp_path / f"herald-parked-{int(gone.stdout)}-abc"
+    (dead / "parked.sqlite").parent.mkdir()
+    (dead / "parked.sqlite").write_bytes(b"bodies")
+    running = ParkedRegistry(str(tmp_path))
+    other = tmp_path / "not-herald"
+    other.mkdir()
+    ParkedRegistry(str(tmp_path)).close()
+    assert not dead.exists(), "the killed job's parked bodies are deleted"
+    assert running._directory and os.path.isdir(running._directory), "a running registry keeps its directory"
+    assert other.exists()
+    running.close()

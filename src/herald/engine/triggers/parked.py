@@ -7,7 +7,9 @@ subscription and due time, so that what a retry round needs (the messages due no
 subscription's count) costs the same whatever the number parked; memory holds a count per subscription and
 SQLite's page cache (`CACHE_KIB`). The file is a cache of the `retries` table, which stays the record: a job
 that starts fills it from there (`herald.engine.triggers.retry_driver.RetryDriver.load`), and nothing in it needs
-to survive a crash (no journal, no sync).
+to survive a crash (no journal, no sync). A job killed (kill -9) leaves its directory behind: the next registry
+made in the same place deletes those of processes that are gone (`sweep`), so that a job restarted by its cluster
+manager again and again does not fill the driver's disk (or its memory, where TMPDIR is a tmpfs).
 
 Not thread-safe: the retry driver calls it under its own lock. Each stored message has a version, new at every
 `put`, so that a round that took a message can tell whether the registry still holds that same one when the
@@ -41,9 +43,41 @@ class ParkedMessage:
     version: int = 0
 
 
+PREFIX = "herald-parked-"
+
+
+def sweep(directory: str | None = None) -> list[str]:
+    """Delete the registries' directories in `directory` (None: TMPDIR) whose process is gone (their name holds
+    its PID); returns those deleted. A process still running (another job on the host, or this one) keeps its."""
+    parent = directory or tempfile.gettempdir()
+    deleted = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return deleted
+    for name in names:
+        pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        deleted.append(name)
+    return deleted
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: it exists
+        return True
+    return True
+
+
 class ParkedRegistry:
     def __init__(self, directory: str | None = None) -> None:
-        self._directory = tempfile.mkdtemp(prefix="herald-parked-", dir=directory)
+        sweep(directory)
+        self._directory = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=directory)
         self._db = sqlite3.connect(os.path.join(self._directory, "parked.sqlite"), check_same_thread=False,
                                    isolation_level=None)
         for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{CACHE_KIB}", "temp_store=FILE"):

@@ -260,14 +260,18 @@ class RetryDriver:
             for subscription_id, messages in due.items():
                 self._registry.postpone(subscription_id, messages, later)
 
-    def _hand_back_flow(self, subscription_id: str, flow: FlowState) -> None:
+    def _hand_back_flow(self, subscription_id: str, flow: FlowState, pin_id: str | None) -> None:
         """The round's controller changed mode (its probes succeeded, or its attempts failed): so does the
-        subscription's. Its rate stays the reading path's, which holds the larger share."""
+        subscription's. Its rate stays the reading path's, which holds the larger share. A round planned with
+        the pin `pin_id` hands nothing back to a state that has moved to another pin since (a new endpoint starts
+        a flow state of its own, `SubscriptionState.pinned_to`)."""
         live = self.live_state(subscription_id)
         if live is None:
             return
         lock, state = live
         with lock:
+            if pin_id is not None and state.pin_id != pin_id:
+                return
             if state.flow.mode is not flow.mode:
                 state.flow = replace(state.flow, mode=flow.mode,
                                      rate_per_s=flow.rate_per_s if flow.mode is not FlowMode.NORMAL else None)
@@ -371,7 +375,8 @@ class RetryDriver:
         current_pins = context.priority.pin_ids()
         for index, subscription in enumerate(subscriptions):
             lane = report.lanes[index]
-            self._hand_back_flow(subscription.id, lane.flow_state)
+            pin = pins[subscription.id]
+            self._hand_back_flow(subscription.id, lane.flow_state, pin.pin_id if isinstance(pin, Pin) else None)
             permit_in_ms = lane.flow_state.permit_in_ms  # a duration from the round's end, as tasks report it
             self._next_permit[subscription.id] = now_ms() + permit_in_ms if permit_in_ms else 0
             self._windows[subscription.id] = (lane.flow_state.window, time.monotonic())
