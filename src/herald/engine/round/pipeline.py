@@ -497,8 +497,6 @@ class TopicPipeline:
         the moves asked during the round are applied: a move written by another thread before this round is
         recorded, or the subscriptions' next round recorded first, is still newer than the round's rows."""
         stamp = stamp_ms()
-        if any(result.parked for result in results):
-            self._parking += 1
         by_id = {result.subscription.id: result for result in results}
         for participant in participants:
             state = participant.state
@@ -524,6 +522,8 @@ class TopicPipeline:
             moves_asked, participant.state.pending_moves = participant.state.pending_moves, []
             for move in moves_asked:  # in the order they were asked: each is applied, and recorded applied
                 self._move(participant.state, move)
+        if any(result.parked for result in results):  # taken in whole: its caller parks, then `parking_ended`
+            self._parking += 1
         return stamp
 
     def parking_ended(self, results: list[SubscriptionOutcome]) -> None:
