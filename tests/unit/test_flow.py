@@ -277,3 +277,21 @@ def test_the_driver_counts_the_time_between_rounds_in_the_window():
     assert state.flow.window == FlowWindow(0, 18_000, 2, 9), "the driver's 10 s since the last round"
     state.take_flow(FlowState(FlowMode.SLOW, 1.0, window=FlowWindow(1, 2_000)), now_s=125.0)  # a task closed it
     assert state.flow.window == FlowWindow(1, 2_000) and state.flow_now(126.0).window.elapsed_ms == 3_000
+
+
+def test_a_round_that_closed_no_window_does_not_undo_a_slow_down_handed_over_meanwhile():
+    """The retry driver's controller saw the subscriber fail and handed SLOW over while a stream round planned at
+    NORMAL was still running (CI: the subscriber kept ~100 requests a second after the job had reported SLOW).
+    That round closed no window, so the mode and rate it ends with are only the ones it was planned with: the
+    state keeps SLOW and takes the round's counts. A round that closed a window decides the mode afresh."""
+    from herald.engine.round.state import SubscriptionState
+
+    state = SubscriptionState(subscription=None)  # type: ignore[arg-type]
+    state.take_flow(FlowState(window=FlowWindow(2, 5_000, 1, 4)), now_s=100.0)
+    planned = state.flow_now(100.0)
+    state.flow = replace(state.flow, mode=FlowMode.SLOW, rate_per_s=1.0)  # the retry driver's hand-back
+    state.take_flow(replace(planned, window=FlowWindow(2, 9_000, 1, 20)), now_s=104.0)
+    assert (state.flow.mode, state.flow.rate_per_s, state.flow.window.failures) == (FlowMode.SLOW, 1.0, 20)
+
+    state.take_flow(FlowState(FlowMode.NORMAL, 1.0, window=FlowWindow(3, 1_000)), now_s=140.0)  # it recovered
+    assert state.flow.mode is FlowMode.NORMAL

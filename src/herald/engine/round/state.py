@@ -90,10 +90,13 @@ class SubscriptionState:
         """The flow state its round ended with (`FlowState.combine`), taken at `now_s` (the driver's monotonic
         seconds). A window no task closed is as old as the driver measures it, the round's start and end
         included (at least what the tasks measured); a window a task opened is as old as that task says. The next
-        permit the tasks reported in milliseconds becomes an instant of the driver's wall clock (`now_ms`)."""
+        permit the tasks reported in milliseconds becomes an instant of the driver's wall clock (`now_ms`).
+        A round no task closed the window in decided no mode or rate: it keeps the state's, which the retry
+        driver's controller may have changed while the round ran (`RetryDriver._hand_back_flow`)."""
         if flow.window.number == self.flow.window.number:
             elapsed_ms = max(flow.window.elapsed_ms, self.flow_now(now_s).window.elapsed_ms)
-            flow = replace(flow, window=replace(flow.window, elapsed_ms=elapsed_ms))
+            flow = replace(flow, mode=self.flow.mode, rate_per_s=self.flow.rate_per_s,
+                           window=replace(flow.window, elapsed_ms=elapsed_ms))
         if flow.permit_in_ms:
             now_ms = _wall_ms() if now_ms is None else now_ms
             flow = replace(flow, next_permit_ms=now_ms + flow.permit_in_ms, permit_in_ms=0)
