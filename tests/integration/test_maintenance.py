@@ -238,18 +238,21 @@ def test_a_shared_reads_newest_micro_batch_keeps_its_offsets_rows_however_old(tm
     """A micro-batch written whole and not committed by Spark before a crash is replayed at the restart; the
     replay asks the offsets table whether that batch was recorded (`TopicPipeline._recorded_before`) and, finding
     no row, records it again as an empty round, whose slices replace the batch's undelivered rows. So the newest
-    micro-batch of each shared read keeps its offsets rows past the retention, even when later catch-up rounds
-    superseded them and the job stayed down longer than offsetsRetentionHours."""
+    micro-batch of the topic's newest shared read keeps its offsets rows past the retention, even when later
+    catch-up rounds superseded them and the job stayed down longer than offsetsRetentionHours. Only those: an
+    older read's (its checkpoint is gone) and older batches go, and so do later superseded rows."""
     from herald.storage.history import HistoryRetention
 
     store = DeltaRsStore(str(tmp_path))
-    writer = "stream:q1:g.t"
-    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 8, 1: 9}, writer, 6, ago(30)))
-    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 5, 1: 5}, writer, 5, ago(31)))  # an older batch
-    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 20, 1: 20}, "catchup:c", 1, ago(20)))  # superseded
+    old_read, read = "stream:q0:g.t", "stream:q1:g.t"
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 3, 1: 3}, old_read, 40, ago(50)))  # before a regroup
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 5, 1: 5}, read, 5, ago(31)))  # an older batch
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 8, 1: 9}, read, 6, ago(30)))
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 15, 1: 15}, "catchup:c", 1, ago(29)))  # superseded
+    store.append(OFFSETS, position_rows("g.t.a", "g.t", {0: 20, 1: 20}, "catchup:c", 2, ago(2)))
 
     maintain_tables(store, 168, history=HistoryRetention(offsets_hours=6, history_hours=None), now_ms=CLOCK_MS)
     left = store.read(OFFSETS).to_pylist()
     assert sorted((r["writer"], r["batch_id"], r["partition"]) for r in left) == [
-        ("catchup:c", 1, 0), ("catchup:c", 1, 1), (writer, 6, 0), (writer, 6, 1)], \
-        "the positions, and the newest micro-batch's rows; the older batch's rows go"
+        ("catchup:c", 2, 0), ("catchup:c", 2, 1), (read, 6, 0), (read, 6, 1)], \
+        "the positions, and the newest read's newest micro-batch"

@@ -6,10 +6,11 @@ ended, and an offsets row per position it moved (a busy topic: subscriptions x p
 (`maintenance.maintain_tables`) deletes, before it compacts a table:
 
 - `offsets`: rows older than `storage.offsetsRetentionHours` (6) that are not the newest row of their
-  (subscription, topic, partition): the newest is the position, however old. Nor the rows of each shared read's
-  newest micro-batch (its `stream:` writer's highest batch_id): a restart whose checkpoint did not commit that
-  batch asks them whether it was recorded (`TopicPipeline._recorded_before`), and without them it would record
-  the batch again as an empty round, replacing its undelivered and retries rows.
+  (subscription, topic, partition): the newest is the position, however old. Nor, per topic, the rows of the
+  newest micro-batch (highest batch_id) of the newest shared read (`stream:` writer) that wrote there: a restart
+  whose checkpoint did not commit that batch asks them whether it was recorded (`TopicPipeline._recorded_before`),
+  and without them it would record the batch again as an empty round, replacing its undelivered and retries
+  rows. One batch's rows a topic: nothing grows with the reads that came before.
 - `retries`: rows older than `storage.historyRetentionHours` (168) that are not the newest row of their
   (subscription, partition, offset) while that row is PARKED or HELD (a parked message, or a state a position
   stops at); a message whose newest row ended it (DELIVERED, DISCARDED, RELEASED) that long ago goes whole.
@@ -83,7 +84,7 @@ def prune(store: TableStore, table: str, retention: HistoryRetention, now_ms: in
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if table == OFFSETS:
         return _prune_keyed(store, OFFSETS, ("subscription", "topic", "partition"), "committed_at", hours, now_ms,
-                            keep_from=_newest_micro_batches(store))
+                            keep=_newest_micro_batches(store))
     if table == RETRIES:
         return _prune_keyed(store, RETRIES, ("subscription", "partition", "offset"), "recorded_at", hours, now_ms,
                             live=(PARKED, HELD))
@@ -104,27 +105,32 @@ def _cutoff_us(store: TableStore, table: str, moment: str, hours: float, now_ms:
     return min(now_ms * 1000, newest) - int(hours * 3_600_000_000)
 
 
-def _newest_micro_batches(store: TableStore) -> dict[tuple, int]:
-    """(subscription, topic, partition) -> the earliest `committed_at` (epoch µs) of its rows written by the
-    newest micro-batch of a shared read (the highest batch_id of a `stream:` writer): rows from then on stay."""
+def _newest_micro_batches(store: TableStore) -> dict[str, str]:
+    """Kafka topic -> a condition naming the offsets rows of the newest micro-batch (highest batch_id) of the
+    newest shared read (`stream:` writer) that wrote the topic's positions. Older reads' checkpoints are gone:
+    their batches are never replayed, and their rows go as any other."""
     q = store.quote
-    keys = f"o.{q('subscription')}, o.{q('topic')}, o.{q('partition')}"
     found = store.select(OFFSETS, (
-        f"SELECT {keys}, min(o.{q('committed_at')}) AS keep_from FROM {OFFSETS} o JOIN (SELECT {q('writer')} AS w, "
-        f"max({q('batch_id')}) AS b FROM {OFFSETS} WHERE {q('writer')} LIKE 'stream:%' GROUP BY {q('writer')}) n "
-        f"ON o.{q('writer')} = n.w AND o.{q('batch_id')} = n.b GROUP BY {keys}"))
-    if not found.num_rows:
-        return {}
-    columns = [found.column(name).to_pylist() for name in ("subscription", "topic", "partition")]
-    return dict(zip(zip(*columns), _micros(found.column("keep_from"))))
+        f"SELECT {q('topic')} AS topic, {q('writer')} AS writer, max({q('batch_id')}) AS batch_id, "
+        f"max({q('committed_at')}) AS last FROM {OFFSETS} WHERE {q('writer')} LIKE 'stream:%' "
+        f"GROUP BY {q('topic')}, {q('writer')}"))
+    newest: dict[str, tuple[str, int, int]] = {}
+    if found.num_rows:
+        lasts = _micros(found.column("last"))
+        for topic, writer, batch_id, last in zip(found.column("topic").to_pylist(), found.column("writer").to_pylist(),
+                                                 found.column("batch_id").to_pylist(), lasts):
+            if topic is not None and (topic not in newest or last > newest[topic][2]):
+                newest[topic] = (writer, batch_id, last)
+    return {topic: f"({q('writer')} = {sql_string(writer)} AND {q('batch_id')} = {int(batch_id)})"
+            for topic, (writer, batch_id, _) in newest.items()}
 
 
 def _prune_keyed(store: TableStore, table: str, keys: tuple[str, str, str], moment: str, hours: float, now_ms: int,
-                 live: tuple[str, ...] = (), keep_from: dict[tuple, int] | None = None) -> int:
+                 live: tuple[str, ...] = (), keep: dict[str, str] | None = None) -> int:
     """Delete the rows older than the cutoff whose key's newest row (by `moment`, then batch_id) is younger, or is
     not in a `live` state (`state` column), and, of the keys whose newest row is older and live (or any older
-    newest row without `live`), the rows older than that row. A key in `keep_from` keeps its rows from that
-    instant (epoch µs) on whatever their age. Returns the rows deleted."""
+    newest row without `live`), the rows older than that row. `keep`: second key's value -> a condition naming rows of
+    those keys that stay whatever their age. Returns the rows deleted."""
     cutoff = _cutoff_us(store, table, store.quote(moment), hours, now_ms)
     if cutoff is None:
         return 0
@@ -147,27 +153,28 @@ def _prune_keyed(store: TableStore, table: str, keys: tuple[str, str, str], mome
             continue
         keep_newest = newest[row] < cutoff and (not live or states[row] in live)
         bound = newest[row] if keep_newest else cutoff  # a newest row to keep, else the retention
-        if keep_from and (first, second, last) in keep_from:
-            bound = min(bound, keep_from[(first, second, last)])
         if oldest[row] < bound:
             groups.setdefault((first, second, bound), []).append(last)
     deleted = 0
-    for predicate in predicates(store, keys, moment, groups):
+    for predicate in predicates(store, keys, moment, groups, keep or {}):
         deleted += store.delete(table, predicate)
     return deleted
 
 
-def predicates(store: TableStore, keys: tuple[str, str, str], moment: str, groups: dict[tuple, list]) -> list[str]:
+def predicates(store: TableStore, keys: tuple[str, str, str], moment: str, groups: dict[tuple, list],
+               keep: dict | None = None) -> list[str]:
     """The delete predicates for `groups`: (first key value, second key value, bound in epoch µs) -> the values of
-    the last key whose rows older than the bound go. Each term names its keys exactly (no row of another key
-    matches it), each predicate has at most `MAX_TERMS` terms and `MAX_VALUES` values."""
+    the last key whose rows older than the bound go, except the rows `keep` names (second key value -> a
+    condition). Each term names its keys exactly (no row of another key matches it), each predicate has at most
+    `MAX_TERMS` terms and `MAX_VALUES` values."""
     q = store.quote
     terms: list[tuple[str, int]] = []
     for (first, second, bound), values in sorted(groups.items(), key=lambda item: (str(item[0][:2]), item[0][2])):
         for chunk in _chunks(sorted(set(values)), _LIST_VALUES):
             listed = ", ".join(_literal(value) for value in chunk)
+            kept = f" AND NOT {keep[second]}" if keep and second in keep else ""
             terms.append((f"({q(keys[0])} = {_literal(first)} AND {q(keys[1])} = {_literal(second)} AND "
-                          f"{q(keys[2])} IN ({listed}) AND {q(moment)} < {_at(bound)})", len(chunk)))
+                          f"{q(keys[2])} IN ({listed}) AND {q(moment)} < {_at(bound)}{kept})", len(chunk)))
     result, current, values = [], [], 0
     for term, count in terms:
         if current and (len(current) >= MAX_TERMS or values + count > MAX_VALUES):
