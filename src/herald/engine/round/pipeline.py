@@ -15,7 +15,9 @@ those behind it catch up.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -79,9 +81,13 @@ class TopicPipeline:
         self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
         self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
         self.batch_in_progress = False
-        # (slice, stamp -> its tables, urgent, new, after parking): moves and resets, after rounds' rows
+        # (slice, stamp -> its tables, urgent, new, the round tokens it waits for): moves and resets, after rounds'
+        # rows
         self._moved: list = []
-        self._parking = 0  # rounds applied whose parked messages have not been handed to the retry driver yet
+        # subscription id -> round token -> (partition, offset) -> record timestamp (epoch ms): what rounds applied
+        # (`apply`) are to park and have not handed to the retry driver yet (`parking_ended`)
+        self._unparked: dict[str, dict[int, dict[tuple[int, int], int]]] = {}
+        self._tokens = itertools.count(1)
         self.read = None  # the shared read (engine.triggers.shared_read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
         self.catchup = CatchUp(self)  # started by `Topics`
@@ -142,18 +148,17 @@ class TopicPipeline:
         subscription = state.subscription
         self._moved.append((Slice(move.writer, move.move_id), lambda stamp: moves.applied_tables(
             move, moved_rows(subscription, dropped, stamp, move.writer, move.move_id, move.kafka_topic), stamp),
-            False, False, False))
+            False, False, frozenset()))
         log.info("%s moved to %s (retransmission from %s)", state.id, move.to_offsets, move.date.isoformat())
 
     def flush_moves(self) -> None:
         """Write the positions of the moves and resets applied since the last call, after the rounds' own rows,
-        and mark the moves applied. What must come after the parking of rounds already applied (a reset's end of
-        the old log's parked messages: a round that read the old log parks after its `apply`) waits while one of
-        them has not parked yet; that round's own call writes it (`parking_ended`)."""
+        and mark the moves applied. A reset's end of what rounds that read the old log park after their `apply`
+        waits until those rounds have parked (`parking_ended`); their own calls then write it."""
         with self.lock:
-            waits = self._parking > 0
-            moved = [item for item in self._moved if not (waits and item[4])]
-            self._moved = [item for item in self._moved if waits and item[4]]
+            unparked = {token for rounds in self._unparked.values() for token in rounds}
+            moved = [item for item in self._moved if not item[4] & unparked]
+            self._moved = [item for item in self._moved if item[4] & unparked]
         for part, tables_at, urgent, new, _ in moved:  # new: a slice of its own (a reset's), appended
             tables = tables_at(stamp_ms())
             if tables:
@@ -239,20 +244,26 @@ class TopicPipeline:
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
         tables = reset_tables(state.subscription, reset, outcome, stamp, self.context.cluster, pending.positions,
                               ended)
-        self._moved.append((Slice(reset_writer(state.id), reset.found_ms), lambda _: tables, True, True, False))
-        # a round ending now (the one this reset waited for) parks what it read of the old log after this: those
-        # end too, when the moves are written (after the round's rows)
-        subscription = state.subscription
+        self._moved.append((Slice(reset_writer(state.id), reset.found_ms), lambda _: tables, True, True,
+                            frozenset()))
+        # rounds applied and not parked yet (the one this reset waited for, or one that ended just before) park
+        # what they read of the old log after this: those messages, exactly, end once those rounds have parked
+        rounds = self._unparked.get(state.id, {})
         firsts = {p: part.first_gone for p, part in reset.partitions.items()}
-        reason = (f"Kafka topic {self.kafka_topic}: {reset.describe()}; the offset of this parked message belongs to a "
-                  "message of the new log now")
+        late_keys = {key: at for keys in rounds.values() for key, at in keys.items()
+                     if key[1] >= firsts.get(key[0], math.inf)}
+        if late_keys:
+            subscription = state.subscription
+            reason = (f"Kafka topic {self.kafka_topic}: {reset.describe()}; the offset of this parked message belongs "
+                      "to a message of the new log now")
 
-        def parked_since(_):
-            late, late_stamp = self.retries.end_old_log(self.kafka_topic, firsts, reason, subscription)
-            return [] if late is None else parked_discard_tables(subscription, late, late_stamp, self.context.cluster,
-                                                                 f"reset-parked:{subscription.id}", reset.found_ms)
-        self._moved.append((Slice(f"reset-parked:{subscription.id}", reset.found_ms), parked_since, True, True,
-                            True))
+            def parked_since(_):
+                late, late_stamp = self.retries.end_parked(self.kafka_topic, late_keys, reason, subscription)
+                return [] if late is None else parked_discard_tables(
+                    subscription, late, late_stamp, self.context.cluster, f"reset-parked:{subscription.id}",
+                    reset.found_ms)
+            self._moved.append((Slice(f"reset-parked:{subscription.id}", reset.found_ms), parked_since, True, True,
+                                frozenset(rounds)))
         log.info("%s: %s goes on from %s (was at %s)%s", state.id, self.kafka_topic, outcome.positions,
                  {p: pending.positions.get(p) for p in outcome.positions},
                  "; lost " + ", ".join(f"{p}: {a}..{b - 1}" for p, a, b in outcome.lost) if outcome.lost else "")
@@ -496,6 +507,21 @@ class TopicPipeline:
         Returns the stamp (epoch ms) of the round's rows, taken here, before its subscriptions are free and before
         the moves asked during the round are applied: a move written by another thread before this round is
         recorded, or the subscriptions' next round recorded first, is still newer than the round's rows."""
+        token = next(self._tokens)
+        for result in results:
+            if result.parked:
+                result.parking = token
+                self._unparked.setdefault(result.subscription.id, {})[token] = {
+                    (item.record.partition, item.record.offset): item.record.timestamp_ms for item in result.parked}
+        try:
+            return self._take(participants, results, topic_id)
+        except BaseException:  # never taken in: nothing will park, nothing waits for it
+            self._forget_parking(results)
+            raise
+
+    def _take(self, participants: list[Participant], results: list[SubscriptionOutcome],
+              topic_id: str | None) -> int:
+        """(lock held) `apply`'s work."""
         stamp = stamp_ms()
         by_id = {result.subscription.id: result for result in results}
         for participant in participants:
@@ -522,16 +548,23 @@ class TopicPipeline:
             moves_asked, participant.state.pending_moves = participant.state.pending_moves, []
             for move in moves_asked:  # in the order they were asked: each is applied, and recorded applied
                 self._move(participant.state, move)
-        if any(result.parked for result in results):  # taken in whole: its caller parks, then `parking_ended`
-            self._parking += 1
         return stamp
 
     def parking_ended(self, results: list[SubscriptionOutcome]) -> None:
         """The round whose `results` were applied has handed its parked messages to the retry driver (or never
         will: it was not recorded); the caller then calls `flush_moves`."""
-        if any(result.parked for result in results):
-            with self.lock:
-                self._parking -= 1
+        with self.lock:
+            self._forget_parking(results)
+
+    def _forget_parking(self, results: list[SubscriptionOutcome]) -> None:
+        """(lock held)"""
+        for result in results:
+            if result.parking:
+                rounds = self._unparked.get(result.subscription.id, {})
+                rounds.pop(result.parking, None)
+                if not rounds:
+                    self._unparked.pop(result.subscription.id, None)
+                result.parking = 0
 
     def _to_write(self, state: SubscriptionState, before: dict[int, int], covered: dict[int, int],
                   topic_id: str | None) -> dict[int, int]:

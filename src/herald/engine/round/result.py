@@ -70,6 +70,7 @@ class SubscriptionOutcome:
     pin_news: PinNews | None = None
     pending: int = 0  # its pending messages when the round was planned (`LanePlan.pending`)
     kafka_topic: str | None = None  # the Kafka topic of its messages, when the round's names none (a retry round)
+    parking: int = 0  # the round's token while its `parked` are not handed to the retry driver (`TopicPipeline`)
 
 
 @dataclass

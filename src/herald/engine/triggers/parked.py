@@ -175,6 +175,26 @@ class ParkedRegistry:
                     taken.setdefault(subscription_id, []).extend(found)
         return taken
 
+    def take_exactly(self, subscription_id: str, kafka_topic: str,
+                     messages: dict[tuple[int, int], int]) -> list[ParkedMessage]:
+        """Take out the subscription's messages of `kafka_topic` at those (partition, offset) whose record still
+        has that timestamp (epoch ms): another message parked at the same offset since stays."""
+        taken = []
+        for (partition, offset), timestamp_ms in messages.items():
+            where = 'subscription = ? AND kafka_topic = ? AND partition = ? AND "offset" = ?'
+            args = (subscription_id, kafka_topic, partition, offset)
+            row = self._db.execute(f"SELECT kafka_topic, version, record, state FROM parked WHERE {where}",
+                                   args).fetchone()
+            if row is None:
+                continue
+            message = self._message(row)
+            if message.record.timestamp_ms != timestamp_ms:
+                continue
+            self._db.execute(f"DELETE FROM parked WHERE {where}", args)
+            self._counts[subscription_id] = self._count_of(subscription_id) - 1
+            taken.append(message)
+        return taken
+
     # -- reading ----------------------------------------------------------------------------------------------
     def due(self, subscription_id: str, horizon_ms: int, limit: int, untried_only: bool) -> list[ParkedMessage]:
         """At most `limit` of the subscription's messages due by `horizon_ms` (epoch ms), earliest first;

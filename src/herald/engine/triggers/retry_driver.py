@@ -129,8 +129,26 @@ class RetryDriver:
             if self._closed:
                 return None, stamp
             gone = self._registry.take_where(kafka_topic, firsts, [subscription.id]).get(subscription.id, [])
+        return self._ended_by_reset(subscription, kafka_topic, gone, reason, stamp), stamp
+
+    def end_parked(self, kafka_topic: str, messages: dict[tuple[int, int], int], reason: str,
+                   subscription: Subscription) -> tuple[SubscriptionOutcome | None, int]:
+        """`end_old_log` for the `messages` rounds that read the old log parked after the reset ((partition, offset)
+        -> the record's timestamp, epoch ms): only those, and only while the one parked there is still that
+        record (a new log's message parked at its offset since stays)."""
+        with self._lock:
+            stamp = stamp_ms()
+            if self._closed:
+                return None, stamp
+            gone = self._registry.take_exactly(subscription.id, kafka_topic, messages)
+        return self._ended_by_reset(subscription, kafka_topic, gone, reason, stamp), stamp
+
+    @staticmethod
+    def _ended_by_reset(subscription: Subscription, kafka_topic: str, gone: list[ParkedMessage], reason: str,
+                        stamp: int) -> SubscriptionOutcome | None:
+        """The DISCARDED outcome of parked messages a reset took out (None: none)."""
         if not gone:
-            return None, stamp
+            return None
         outcome = SubscriptionOutcome(subscription, kafka_topic=kafka_topic)
         for message in gone:
             record, state = message.record, message.state
@@ -142,7 +160,7 @@ class RetryDriver:
         outcome.counters.discarded = len(gone)
         log.warning("%s: %d parked message(s) of %s end DISCARDED: %s", subscription.id, len(gone), kafka_topic,
                     reason)
-        return outcome, stamp
+        return outcome
 
     def parked_count(self, subscription_id: str) -> int:
         with self._lock:
