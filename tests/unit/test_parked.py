@@ -62,20 +62,28 @@ def test_a_new_log_takes_out_the_old_messages_at_and_past_its_offsets(registry):
 
 def test_a_killed_jobs_directory_is_deleted_by_the_next_registry_and_a_running_ones_kept(tmp_path):
     """kill -9 leaves a registry's directory (its parked bodies) behind: the next registry in the same place
-    deletes those of processes that are gone, never one of a process still running (this one included)."""
+    deletes those no process holds any more, never one still open (this process's, or another's)."""
     import subprocess
     import sys
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
-    dead = tmp_path / f"herald-parked-{int(gone.stdout)}-abc"
-    (dead / "parked.sqlite").parent.mkdir()
-    (dead / "parked.sqlite").write_bytes(b"bodies")
-    running = ParkedRegistry(str(tmp_path))
-    other = tmp_path / "not-herald"
-    other.mkdir()
-    ParkedRegistry(str(tmp_path)).close()
-    assert not dead.exists(), "the killed job's parked bodies are deleted"
-    assert running._directory and os.path.isdir(running._directory), "a running registry keeps its directory"
-    assert other.exists()
-    running.close()
+    script = ("import sys; from herald.engine.triggers.parked import ParkedRegistry; r = ParkedRegistry(sys.argv[1]);"
+              " print(r._directory, flush=True); sys.stdin.read()")
+    killed = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    killed_dir = killed.stdout.readline().strip()
+    alive = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    alive_dir = alive.stdout.readline().strip()
+    killed.kill()
+    killed.wait()
+    (tmp_path / "herald-parked-not-ours").mkdir()  # no lock file: left alone
+    try:
+        running = ParkedRegistry(str(tmp_path))
+        ParkedRegistry(str(tmp_path)).close()
+        assert not os.path.exists(killed_dir), "the killed job's parked bodies are deleted"
+        assert os.path.isdir(alive_dir) and os.path.isdir(running._directory), "open registries keep theirs"
+        assert (tmp_path / "herald-parked-not-ours").exists()
+        running.close()
+    finally:
+        alive.stdin.close()
+        alive.wait(10)

@@ -8,8 +8,10 @@ subscription's count) costs the same whatever the number parked; memory holds a 
 SQLite's page cache (`CACHE_KIB`). The file is a cache of the `retries` table, which stays the record: a job
 that starts fills it from there (`herald.engine.triggers.retry_driver.RetryDriver.load`), and nothing in it needs
 to survive a crash (no journal, no sync). A job killed (kill -9) leaves its directory behind: the next registry
-made in the same place deletes those of processes that are gone (`sweep`), so that a job restarted by its cluster
-manager again and again does not fill the driver's disk (or its memory, where TMPDIR is a tmpfs).
+made in the same place deletes those no process holds any more (`sweep`: each registry holds an flock on a file in
+its directory for its life, which the kernel lets go when the process ends, whatever its PID namespace), so that a
+job restarted by its cluster manager again and again does not fill the driver's disk (or its memory, where TMPDIR
+is a tmpfs).
 
 Not thread-safe: the retry driver calls it under its own lock. Each stored message has a version, new at every
 `put`, so that a round that took a message can tell whether the registry still holds that same one when the
@@ -18,6 +20,7 @@ round ends (`same`).
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import pickle
@@ -46,38 +49,44 @@ class ParkedMessage:
 PREFIX = "herald-parked-"
 
 
+LOCK_FILE = "owner.lock"
+
+
 def sweep(directory: str | None = None) -> list[str]:
-    """Delete the registries' directories in `directory` (None: TMPDIR) whose process is gone (their name holds
-    its PID); returns those deleted. A process still running (another job on the host, or this one) keeps its."""
+    """Delete the registries' directories in `directory` (None: TMPDIR) that no process holds any more (their
+    lock file is free); returns those deleted. A registry still open (another job on the host, or this one)
+    keeps its directory; a directory without a lock file is left alone."""
     parent = directory or tempfile.gettempdir()
     deleted = []
     try:
-        names = os.listdir(parent)
+        names = [name for name in os.listdir(parent) if name.startswith(PREFIX)]
     except OSError:
         return deleted
     for name in names:
-        pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
-        if not pid.isdigit() or _alive(int(pid)):
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR)
+        except OSError:  # not one of ours, or not readable
             continue
-        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its registry is open
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
         deleted.append(name)
     return deleted
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process: it exists
-        return True
-    return True
 
 
 class ParkedRegistry:
     def __init__(self, directory: str | None = None) -> None:
         sweep(directory)
-        self._directory = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=directory)
+        self._directory = tempfile.mkdtemp(prefix=PREFIX, dir=directory)
+        self._lock_fd = os.open(os.path.join(self._directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while this registry is open
         self._db = sqlite3.connect(os.path.join(self._directory, "parked.sqlite"), check_same_thread=False,
                                    isolation_level=None)
         for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{CACHE_KIB}", "temp_store=FILE"):
@@ -93,6 +102,7 @@ class ParkedRegistry:
     def close(self) -> None:
         self._db.close()
         shutil.rmtree(self._directory, ignore_errors=True)
+        os.close(self._lock_fd)
 
     # -- counts -----------------------------------------------------------------------------------------------
     def count(self, subscription_id: str) -> int:

@@ -394,7 +394,8 @@ class RetryDriver:
         for index, subscription in enumerate(subscriptions):
             lane = report.lanes[index]
             pin = pins[subscription.id]
-            self._hand_back_flow(subscription.id, lane.flow_state, pin.pin_id if isinstance(pin, Pin) else None)
+            if lane.flow_state.mode is not lanes[index].flow_state.mode:  # the round's controller decided a mode
+                self._hand_back_flow(subscription.id, lane.flow_state, pin.pin_id if isinstance(pin, Pin) else None)
             permit_in_ms = lane.flow_state.permit_in_ms  # a duration from the round's end, as tasks report it
             self._next_permit[subscription.id] = now_ms() + permit_in_ms if permit_in_ms else 0
             self._windows[subscription.id] = (lane.flow_state.window, time.monotonic())
