@@ -26,7 +26,7 @@ def test_a_reset_between_a_rounds_apply_and_its_parking_still_ends_what_it_parks
 
     pipeline.check_log({0: (0, 3), 1: (0, 3)}, "id-new")  # the topic, created again, has 3 messages a partition
     pipeline.flush_moves()  # another thread's flush, before the round has parked
-    _record(pipeline, stamp, outcome, batch_id=1, park=pipeline.retries.park)  # its rows, then its parked message
+    _record(pipeline, stamp, outcome, batch_id=1, park=pipeline.park)  # its rows, then its parked message
     pipeline.parking_ended([outcome])
     pipeline.flush_moves()  # the round's own flush
     pipeline.context.writer.close()
@@ -38,7 +38,8 @@ def test_a_reset_between_a_rounds_apply_and_its_parking_still_ends_what_it_parks
 
 def test_what_the_new_log_parks_meanwhile_stays_parked(tmp_path):
     """The reset's end waits for the round that read the old log, and only for it: a round of the new log that
-    parks (and is recorded) while that one has still to park keeps its message parked, and the old one ends."""
+    parks (and is recorded) while that one has still to park keeps its messages parked, the one at the old
+    message's very offset included (the old one is never parked over it), and the old one ends."""
     pipeline, state = _pipeline(tmp_path)
     state.topic_id = pipeline.topic_id = "id-old"
     at = now_ms()
@@ -49,17 +50,17 @@ def test_what_the_new_log_parks_meanwhile_stays_parked(tmp_path):
                       RetryState(attempts=1, first_read_ms=at - 1000, due_ms=at + 60_000, last_status=503))
 
     old_stamp, old_round = _round_over(pipeline, state, {0: 12, 1: 10}, parked=[parked(11, "old", at - 5000)])
-    pipeline.check_log({0: (0, 3), 1: (0, 3)}, "id-new")
-    new_stamp, new_round = _round_over(pipeline, state, {0: 2}, parked=[parked(1, "new", at)])
-    _record(pipeline, new_stamp, new_round, batch_id=2, park=pipeline.retries.park)
+    pipeline.check_log({0: (0, 3), 1: (0, 3)}, "id-new")  # created again: 3 messages a partition, then 20
+    new_stamp, new_round = _round_over(pipeline, state, {0: 12}, parked=[parked(1, "new", at), parked(11, "new", at)])
+    _record(pipeline, new_stamp, new_round, batch_id=2, park=pipeline.park)
     pipeline.parking_ended([new_round])
     pipeline.flush_moves()  # the new log's round's own flush: the old one has still to park
-    _record(pipeline, old_stamp, old_round, batch_id=1, park=pipeline.retries.park)
+    _record(pipeline, old_stamp, old_round, batch_id=1, park=pipeline.park)
     pipeline.parking_ended([old_round])
     pipeline.flush_moves()
     pipeline.context.writer.close()
 
-    assert pipeline.retries.parked_count(state.id) == 1, "the new log's message is still parked"
+    assert pipeline.retries.parked_count(state.id) == 2, "the new log's messages are still parked, 11 included"
     rows = pipeline.context.store.read(UNDELIVERED, state.id).to_pylist()
-    assert sorted((row["offset"], row["status"], row["ended_by"]) for row in rows
-                  if row["status"] == "DISCARDED") == [(11, "DISCARDED", "reset")]
+    assert sorted((row["offset"], row["status"], row["ended_by"], row["message"]) for row in rows
+                  if row["status"] == "DISCARDED") == [(11, "DISCARDED", "reset", '{"log": "old"}')]

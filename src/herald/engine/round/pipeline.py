@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from herald.config import Subscription
 from herald.config.model import Topic
 from herald.delivery.plan import TaskPlan
-from herald.delivery.report import SUCCESS
+from herald.delivery.report import SUCCESS, Parked
 from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.round import steps
 from herald.engine.round.fanout import Participant
@@ -84,9 +84,11 @@ class TopicPipeline:
         # (slice, stamp -> its tables, urgent, new, the round tokens it waits for): moves and resets, after rounds'
         # rows
         self._moved: list = []
-        # subscription id -> round token -> (partition, offset) -> record timestamp (epoch ms): what rounds applied
-        # (`apply`) are to park and have not handed to the retry driver yet (`parking_ended`)
-        self._unparked: dict[str, dict[int, dict[tuple[int, int], int]]] = {}
+        # subscription id -> round token -> the messages rounds applied (`apply`) are to park and have not handed
+        # to the retry driver yet (`parking_ended`)
+        self._unparked: dict[str, dict[int, list[Parked]]] = {}
+        # ids of the messages of `_unparked` a reset claimed (the old log's) -> where their round puts them (`park`)
+        self._claimed: dict[int, list[Parked]] = {}
         self._tokens = itertools.count(1)
         self.read = None  # the shared read (engine.triggers.shared_read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
@@ -250,17 +252,20 @@ class TopicPipeline:
         # what they read of the old log after this: those messages, exactly, end once those rounds have parked
         rounds = self._unparked.get(state.id, {})
         firsts = {p: part.first_gone for p, part in reset.partitions.items()}
-        late_keys = {key: at for keys in rounds.values() for key, at in keys.items()
-                     if key[1] >= firsts.get(key[0], math.inf)}
-        if late_keys:
+        late = [item for items in rounds.values() for item in items
+                if item.record.offset >= firsts.get(item.record.partition, math.inf)]
+        if late:
             subscription = state.subscription
             reason = (f"Kafka topic {self.kafka_topic}: {reset.describe()}; the offset of this parked message belongs "
                       "to a message of the new log now")
+            ended: list[Parked] = []  # filled by `park` as their rounds hand them over: they are never parked
+            for item in late:
+                self._claimed[id(item)] = ended
 
             def parked_since(_):
-                late, late_stamp = self.retries.end_parked(self.kafka_topic, late_keys, reason, subscription)
-                return [] if late is None else parked_discard_tables(
-                    subscription, late, late_stamp, self.context.cluster, f"reset-parked:{subscription.id}",
+                outcome, late_stamp = self.retries.ended_by_reset(subscription, self.kafka_topic, ended, reason)
+                return [] if outcome is None else parked_discard_tables(
+                    subscription, outcome, late_stamp, self.context.cluster, f"reset-parked:{subscription.id}",
                     reset.found_ms)
             self._moved.append((Slice(f"reset-parked:{subscription.id}", reset.found_ms), parked_since, True, True,
                                 frozenset(rounds)))
@@ -414,7 +419,7 @@ class TopicPipeline:
             steps.record(context, RoundResult(STREAM, batch.writer, batch.batch_id, self.kafka_topic,
                                               context.cluster, results, batch.topic_id),
                          time.monotonic() - batch.started, stamp, possible_replay=self._replay_possible,
-                         park=self.retries.park)
+                         park=self.park)
         finally:
             self.parking_ended(results)
         self._replay_possible = False
@@ -511,8 +516,7 @@ class TopicPipeline:
         for result in results:
             if result.parked:
                 result.parking = token
-                self._unparked.setdefault(result.subscription.id, {})[token] = {
-                    (item.record.partition, item.record.offset): item.record.timestamp_ms for item in result.parked}
+                self._unparked.setdefault(result.subscription.id, {})[token] = list(result.parked)
         try:
             return self._take(participants, results, topic_id)
         except BaseException:  # never taken in: nothing will park, nothing waits for it
@@ -556,12 +560,27 @@ class TopicPipeline:
         with self.lock:
             self._forget_parking(results)
 
+    def park(self, subscription: Subscription, kafka_topic: str, parked: list[Parked]) -> None:
+        """A recorded round's parked messages to the retry driver (`steps.record`), but those a reset claimed while
+        the round was recording: they are the old log's, and end with the reset's rows (`_reset`)."""
+        with self.lock:
+            keep = []
+            for item in parked:
+                claim = self._claimed.pop(id(item), None)
+                if claim is None:
+                    keep.append(item)
+                else:
+                    claim.append(item)
+        if keep:
+            self.retries.park(subscription, kafka_topic, keep)
+
     def _forget_parking(self, results: list[SubscriptionOutcome]) -> None:
         """(lock held)"""
         for result in results:
             if result.parking:
                 rounds = self._unparked.get(result.subscription.id, {})
-                rounds.pop(result.parking, None)
+                for item in rounds.pop(result.parking, []):
+                    self._claimed.pop(id(item), None)
                 if not rounds:
                     self._unparked.pop(result.subscription.id, None)
                 result.parking = 0

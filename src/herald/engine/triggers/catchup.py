@@ -179,7 +179,7 @@ class CatchUp:
         try:
             steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}",
                                               batch_id, pipeline.kafka_topic, context.cluster, results, topic_id),
-                         time.monotonic() - started, stamp, park=pipeline.retries.park)
+                         time.monotonic() - started, stamp, park=pipeline.park)
         finally:
             pipeline.parking_ended(results)
         pipeline.flush_moves()

@@ -20,6 +20,7 @@ round ends (`same`).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import os
@@ -81,28 +82,50 @@ def sweep(directory: str | None = None) -> list[str]:
     return deleted
 
 
+def _locked_owner_file(directory: str) -> int:
+    """The registry's lock file in `directory`, locked (its descriptor). Locked under a name of its own first, then
+    renamed: a sweep never finds an `owner.lock` free that a registry is about to lock. Where the file system
+    has no locks (NFS without lockd), the registry goes on without one: a sweep skips directories it cannot lock."""
+    staging = os.path.join(directory, f"{LOCK_FILE}.{os.getpid()}")
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            os.close(fd)
+            raise
+    os.rename(staging, os.path.join(directory, LOCK_FILE))
+    return fd
+
+
 class ParkedRegistry:
     def __init__(self, directory: str | None = None) -> None:
         sweep(directory)
         self._directory = tempfile.mkdtemp(prefix=PREFIX, dir=directory)
-        self._lock_fd = os.open(os.path.join(self._directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while this registry is open
-        self._db = sqlite3.connect(os.path.join(self._directory, "parked.sqlite"), check_same_thread=False,
-                                   isolation_level=None)
-        for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{CACHE_KIB}", "temp_store=FILE"):
-            self._db.execute(f"PRAGMA {pragma}")
-        self._db.execute("""CREATE TABLE parked (subscription TEXT NOT NULL, partition INTEGER NOT NULL,
-            "offset" INTEGER NOT NULL, kafka_topic TEXT NOT NULL, due_ms INTEGER NOT NULL, tried INTEGER NOT NULL,
-            version INTEGER NOT NULL, record BLOB NOT NULL, state BLOB NOT NULL,
-            PRIMARY KEY (subscription, partition, "offset"))""")
-        self._db.execute("CREATE INDEX parked_due ON parked (subscription, due_ms)")  # due order, tried or not
+        self._lock_fd = -1
+        try:
+            self._lock_fd = _locked_owner_file(self._directory)
+            self._db = sqlite3.connect(os.path.join(self._directory, "parked.sqlite"), check_same_thread=False,
+                                       isolation_level=None)
+            for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{CACHE_KIB}", "temp_store=FILE"):
+                self._db.execute(f"PRAGMA {pragma}")
+            self._db.execute("""CREATE TABLE parked (subscription TEXT NOT NULL, partition INTEGER NOT NULL,
+                "offset" INTEGER NOT NULL, kafka_topic TEXT NOT NULL, due_ms INTEGER NOT NULL, tried INTEGER NOT NULL,
+                version INTEGER NOT NULL, record BLOB NOT NULL, state BLOB NOT NULL,
+                PRIMARY KEY (subscription, partition, "offset"))""")
+            self._db.execute("CREATE INDEX parked_due ON parked (subscription, due_ms)")  # due order, tried or not
+        except BaseException:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+            shutil.rmtree(self._directory, ignore_errors=True)
+            raise
         self._counts: dict[str, int] = {}
         self._versions = itertools.count(1)
 
     def close(self) -> None:
         self._db.close()
         shutil.rmtree(self._directory, ignore_errors=True)
-        os.close(self._lock_fd)
+        os.close(self._lock_fd)  # last: the directory is gone before a sweep could take it
 
     # -- counts -----------------------------------------------------------------------------------------------
     def count(self, subscription_id: str) -> int:
@@ -183,26 +206,6 @@ class ParkedRegistry:
                     self._db.execute(f"DELETE FROM parked WHERE {where}", args)
                     self._counts[subscription_id] = self._count_of(subscription_id) - len(found)
                     taken.setdefault(subscription_id, []).extend(found)
-        return taken
-
-    def take_exactly(self, subscription_id: str, kafka_topic: str,
-                     messages: dict[tuple[int, int], int]) -> list[ParkedMessage]:
-        """Take out the subscription's messages of `kafka_topic` at those (partition, offset) whose record still
-        has that timestamp (epoch ms): another message parked at the same offset since stays."""
-        taken = []
-        for (partition, offset), timestamp_ms in messages.items():
-            where = 'subscription = ? AND kafka_topic = ? AND partition = ? AND "offset" = ?'
-            args = (subscription_id, kafka_topic, partition, offset)
-            row = self._db.execute(f"SELECT kafka_topic, version, record, state FROM parked WHERE {where}",
-                                   args).fetchone()
-            if row is None:
-                continue
-            message = self._message(row)
-            if message.record.timestamp_ms != timestamp_ms:
-                continue
-            self._db.execute(f"DELETE FROM parked WHERE {where}", args)
-            self._counts[subscription_id] = self._count_of(subscription_id) - 1
-            taken.append(message)
         return taken
 
     # -- reading ----------------------------------------------------------------------------------------------

@@ -131,22 +131,19 @@ class RetryDriver:
             gone = self._registry.take_where(kafka_topic, firsts, [subscription.id]).get(subscription.id, [])
         return self._ended_by_reset(subscription, kafka_topic, gone, reason, stamp), stamp
 
-    def end_parked(self, kafka_topic: str, messages: dict[tuple[int, int], int], reason: str,
-                   subscription: Subscription) -> tuple[SubscriptionOutcome | None, int]:
-        """`end_old_log` for the `messages` rounds that read the old log parked after the reset ((partition, offset)
-        -> the record's timestamp, epoch ms): only those, and only while the one parked there is still that
-        record (a new log's message parked at its offset since stays)."""
+    def ended_by_reset(self, subscription: Subscription, kafka_topic: str, messages: list, reason: str) \
+            -> tuple[SubscriptionOutcome | None, int]:
+        """`end_old_log` for messages of the old log that rounds recorded after the reset and never parked
+        (`TopicPipeline.park`): their DISCARDED outcome and its rows' stamp, taken as `end_old_log` takes it."""
         with self._lock:
             stamp = stamp_ms()
-            if self._closed:
-                return None, stamp
-            gone = self._registry.take_exactly(subscription.id, kafka_topic, messages)
-        return self._ended_by_reset(subscription, kafka_topic, gone, reason, stamp), stamp
+        return self._ended_by_reset(subscription, kafka_topic, list(messages), reason, stamp), stamp
 
     @staticmethod
-    def _ended_by_reset(subscription: Subscription, kafka_topic: str, gone: list[ParkedMessage], reason: str,
+    def _ended_by_reset(subscription: Subscription, kafka_topic: str, gone: list, reason: str,
                         stamp: int) -> SubscriptionOutcome | None:
-        """The DISCARDED outcome of parked messages a reset took out (None: none)."""
+        """The DISCARDED outcome of parked messages (`ParkedMessage` or `Parked`: a record and its retry state) a
+        reset ended (None: none)."""
         if not gone:
             return None
         outcome = SubscriptionOutcome(subscription, kafka_topic=kafka_topic)
@@ -394,7 +391,9 @@ class RetryDriver:
         for index, subscription in enumerate(subscriptions):
             lane = report.lanes[index]
             pin = pins[subscription.id]
-            if lane.flow_state.mode is not lanes[index].flow_state.mode:  # the round's controller decided a mode
+            planned = lanes[index].flow_state
+            if (lane.flow_state.mode is not planned.mode  # the round's controller decided a mode: a window closed
+                    or lane.flow_state.window.number != planned.window.number):
                 self._hand_back_flow(subscription.id, lane.flow_state, pin.pin_id if isinstance(pin, Pin) else None)
             permit_in_ms = lane.flow_state.permit_in_ms  # a duration from the round's end, as tasks report it
             self._next_permit[subscription.id] = now_ms() + permit_in_ms if permit_in_ms else 0
