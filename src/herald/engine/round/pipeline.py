@@ -562,7 +562,8 @@ class TopicPipeline:
 
     def park(self, subscription: Subscription, kafka_topic: str, parked: list[Parked]) -> None:
         """A recorded round's parked messages to the retry driver (`steps.record`), but those a reset claimed while
-        the round was recording: they are the old log's, and end with the reset's rows (`_reset`)."""
+        the round was recording: they are the old log's, and end with the reset's rows (`_reset`). Under the lock,
+        as a reset takes parked messages out under it: none falls between the two."""
         with self.lock:
             keep = []
             for item in parked:
@@ -571,8 +572,8 @@ class TopicPipeline:
                     keep.append(item)
                 else:
                     claim.append(item)
-        if keep:
-            self.retries.park(subscription, kafka_topic, keep)
+            if keep:
+                self.retries.park(subscription, kafka_topic, keep)
 
     def _forget_parking(self, results: list[SubscriptionOutcome]) -> None:
         """(lock held)"""
