@@ -23,26 +23,52 @@ import logging
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
 
 from herald.config import HeraldConfig
 from herald.delivery.flow import FlowMode, FlowSettings
 from herald.engine.context import EngineContext, now_ms
 from herald.engine.round.pipeline import TopicPipeline
 from herald.engine.round.positions import behind
-from herald.engine.round.state import StateBook, SubscriptionState
+from herald.engine.round.state import StateBook, SubscriptionState, stored_held, stored_offsets, stored_parked
 from herald.engine.triggers.retry_driver import RetryDriver
 from herald.engine.triggers.supervision import QuerySupervisor
 from herald.engine.triggers.topics import Topics, by_topic
 from herald.engine.upkeep.control import ControlServer
-from herald.engine.upkeep.moves import MoveWatcher, unapplied_moves
+from herald.engine.upkeep.moves import Move, MoveWatcher, unapplied_moves
 from herald.engine.upkeep.signals import JVM, PYTHON, JvmSignals, StopRequests
 from herald.session import get_or_create_session, require_classic_session
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import choose_connector
-from herald.storage import TableWriter, open_store
+from herald.storage import TableStore, TableWriter, open_store
 from herald.storage.lease import LeaseHeld, StorageLease
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoredState:
+    """What a starting job reads of its tables before its first round: the subscriptions' positions and the
+    Kafka topic ids their rows name (`stored_offsets`), the messages their positions stop at (`stored_held`),
+    the parked messages (`stored_parked`) and the moves no job applied yet (`unapplied_moves`)."""
+
+    offsets: tuple[dict, dict]
+    held: dict
+    parked: pa.Table
+    moves: list[Move]
+
+    @classmethod
+    def read(cls, store: TableStore) -> StoredState:
+        """The four reads at once, each a query of its own: on delta-spark a first query of a table in a new JVM
+        costs seconds, and one after the other they delayed a restart's first round by their sum (the restart
+        measured in tests/benchmarks/README.md, soak.py). This job holds the lease: nothing else writes them."""
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="herald-start-read") as reads:
+            offsets, held = reads.submit(stored_offsets, store), reads.submit(stored_held, store)
+            parked, moves = reads.submit(stored_parked, store), reads.submit(unapplied_moves, store)
+            return cls(offsets.result(), held.result(), parked.result(), moves.result())
 
 
 class Runner:
@@ -86,6 +112,7 @@ class Runner:
         self.lease = StorageLease(store, on_lost=self._fail_stop)
         self.lease.acquire()  # raises LeaseHeld: another job delivers from this storage path
         self.lease.start()
+        stored = StoredState.read(store)
         context = EngineContext(self.spark, self.config, connector, store, TableWriter(
             store, min_interval_s=settings.storage.commitIntervalMs / 1000,
             urgent_interval_s=settings.storage.urgentCommitMs / 1000, on_failed=self._fail_stop), once=once,
@@ -94,8 +121,8 @@ class Runner:
         active = self.config.active_subscriptions(self.only)
         self.retries = retries = RetryDriver(context, once=once, live_state=self._live_state)
         self.context = context
-        self.topics = topics = Topics(context, self.config, self.only, StateBook(store, context.writer),
-                                      QuerySupervisor(once), retries)
+        book = StateBook(store, context.writer, stored.offsets, stored.held)
+        self.topics = topics = Topics(context, self.config, self.only, book, QuerySupervisor(once), retries)
         context.priority.wakers.extend([retries.wake, topics.wake_catchups])
         context.discovery.wakers.extend([retries.wake, topics.wake_catchups])
         if settings.advisories is not None:
@@ -122,8 +149,8 @@ class Runner:
             context.on_task_reports = self.control.note_reports
             context.priority.listeners.append(lambda advisory: self._publish_control())
             context.priority.changed.append(self._publish_control)  # a pin taken up late (§7), a group's change
-        handed = {(move.subscription, move.move_id) for move in unapplied_moves(store) if topics.apply_move(move)}
-        retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions})
+        handed = {(move.subscription, move.move_id) for move in stored.moves if topics.apply_move(move)}
+        retries.load({s.id: self.config.topic_of(s).kafka_topic for s in self.config.subscriptions}, stored.parked)
         retries.set_active(active)
         retries.start()
         with topics.lock:

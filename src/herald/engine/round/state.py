@@ -174,10 +174,13 @@ class StateBook:
     Positions belong to a Kafka topic: a subscription whose topic's `kafkaTopic` changed starts in the new one
     from its own stored position there, or from its `startingOffsets`; it never carries the old topic's."""
 
-    def __init__(self, store: TableStore, writer: TableWriter) -> None:
+    def __init__(self, store: TableStore, writer: TableWriter, offsets: tuple[dict, dict] | None = None,
+                 held: dict | None = None) -> None:
+        """offsets, held: `stored_offsets(store)` and `stored_held(store)` when the caller read them already (a
+        starting job reads its tables at once: `herald.engine.runner.StoredState`); else they are read here."""
         self.writer = writer
-        self._stored, self._stored_ids = stored_offsets(store)
-        self._held = stored_held(store)
+        self._stored, self._stored_ids = offsets if offsets is not None else stored_offsets(store)
+        self._held = held if held is not None else stored_held(store)
         self._resting: dict[str, SubscriptionState] = {}
         self._moved: set[tuple[str, str]] = set()  # (subscription id, Kafka topic) moved here: rows without an id
 

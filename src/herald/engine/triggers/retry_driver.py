@@ -24,6 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import pyarrow as pa
+
 from herald.config import Subscription
 from herald.delivery.flow import FlowMode, FlowState, FlowWindow
 from herald.delivery.input import InputBatch
@@ -80,9 +82,10 @@ class RetryDriver:
         count in is their own (`_windows`), carried from one retry round to the next as the reading path's is."""
 
     # -- the registry -----------------------------------------------------------------------------------------
-    def load(self, topics: dict[str, str]) -> None:
-        """Read the messages parked by earlier runs (subscription id -> Kafka topic, for those that exist)."""
-        rows = stored_parked(self.context.store)
+    def load(self, topics: dict[str, str], rows: pa.Table | None = None) -> None:
+        """Take in the messages parked by earlier runs (subscription id -> Kafka topic, for those that exist):
+        `rows`, `stored_parked`'s answer when the caller read it already, else read here."""
+        rows = rows if rows is not None else stored_parked(self.context.store)
         loaded = 0
         for batch in rows.to_batches(max_chunksize=10_000):  # to disk in batches: never every body in Python
             by_subscription: dict[tuple[str, str], list[tuple[Record, RetryState]]] = {}
