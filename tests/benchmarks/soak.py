@@ -1,6 +1,6 @@
 """Benchmark: a soak of `herald run` with bad neighbours: latency, memory, table growth, and the restart's cost.
 
-    .venv/bin/python tests/benchmarks/soak.py [--minutes 20] [--rate 200] [--keep]
+    .venv/bin/python tests/benchmarks/soak.py [--minutes 20] [--rate 200] [--keep] [--lazy-heap]
 
 What it runs: Apache Kafka (`tests/support/kafka_broker.py`, the jars `make install` fetched), three JSON topics of
 2 partitions, and one `herald run --conf DIR` in its own process on the users' stack: Spark's Kafka source
@@ -74,6 +74,11 @@ PARTITIONS = 2
 BAD = {"hang": 0, "down": 1, "flap": 2}  # the bad subscriber -> its topic's index
 HEALTHY = {f"ok{n}": n // 3 for n in range(9)}  # three healthy subscribers a topic
 SAMPLE_EVERY_S = 30.0
+TOUCHED_HEAP = "-Dlog4j2.level=WARN -Xms1g -XX:+AlwaysPreTouch"
+"""herald.yaml's `spark.driver.extraJavaOptions` unless --lazy-heap (Herald's local default, plus): the driver
+JVM's heap (spark.driver.memory's default -Xmx1g) committed and touched at its start, as services that run for
+months are often set up. Left to the JVM, the heap grows to -Xmx over the first 15-20 minutes
+(tests/benchmarks/README.md), and a fit of RSS over a 20-minute soak measures that fill, not a leak."""
 FIT_AFTER_S = 300.0  # RSS and table growth are fitted on the samples after the job's first 5 minutes
 FLAP_PERIOD_S = 60.0
 READ_STARTED = "one query reads"  # the log line of the shared read's start (engine/triggers/shared_read.py)
@@ -242,8 +247,10 @@ class Publisher(threading.Thread):
 # ---------------------------------------------------------------------------------------------------------
 # The job, its memory and its tables
 # ---------------------------------------------------------------------------------------------------------
-def write_conf(root: Path, bootstrap: str, subscribers: dict[str, Subscriber], storage: Path) -> Path:
-    """The conf directory: herald.yaml with the shipped defaults but the bootstrap, the storage and the stack."""
+def write_conf(root: Path, bootstrap: str, subscribers: dict[str, Subscriber], storage: Path,
+               driver_java_options: str | None = None) -> Path:
+    """The conf directory: herald.yaml with the shipped defaults but the bootstrap, the storage and the stack
+    (and `spark.driver.extraJavaOptions`, when given)."""
     layout: dict[str, dict[str, dict]] = {topic: {} for topic in TOPICS}
     for name, subscriber in subscribers.items():
         topic = TOPICS[BAD.get(name, HEALTHY.get(name))]
@@ -252,9 +259,11 @@ def write_conf(root: Path, bootstrap: str, subscribers: dict[str, Subscriber], s
             fields["subscriptionPolicy"] = {"requestTimeout": 60000}
         layout[topic][name] = fields
     conf = write_topics_conf(root, bootstrap, layout)
-    (conf / "herald.yaml").write_text(yaml.safe_dump({
-        "kafka": {"bootstrapServers": bootstrap, "connector": "spark"},
-        "storage": {"path": str(storage), "engine": "spark"}}))
+    settings: dict = {"kafka": {"bootstrapServers": bootstrap, "connector": "spark"},
+                      "storage": {"path": str(storage), "engine": "spark"}}
+    if driver_java_options:
+        settings["spark"] = {"conf": {"spark.driver.extraJavaOptions": driver_java_options}}
+    (conf / "herald.yaml").write_text(yaml.safe_dump(settings))
     return conf
 
 
@@ -501,7 +510,11 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="the soak's length, minutes (default 20)")
     parser.add_argument("--rate", type=float, default=200.0, help="messages a second over the 3 topics (default 200)")
     parser.add_argument("--keep", action="store_true", help="keep the logs and tables (the path is printed)")
+    parser.add_argument("--lazy-heap", action="store_true",
+                        help="leave the driver JVM's heap to grow as the JVM likes (default: committed and touched "
+                             "at its start, so that RSS growth is what grows, not the heap filling up to -Xmx)")
     args = parser.parse_args()
+    jvm = None if args.lazy_heap else TOUCHED_HEAP
 
     root = Path(tempfile.mkdtemp(prefix="herald-soak-bench-"))
     broker = KafkaBroker(root / "kafka")
@@ -514,15 +527,16 @@ def main() -> None:
         broker.start()
         broker.create_topics({topic: PARTITIONS for topic in TOPICS})
         storage = root / "storage"
-        conf = write_conf(root / "soak", broker.bootstrap_servers, subscribers, storage)
+        conf = write_conf(root / "soak", broker.bootstrap_servers, subscribers, storage, jvm)
         fresh_storage = root / "fresh-storage"
-        fresh_conf = write_conf(root / "fresh", broker.bootstrap_servers, subscribers, fresh_storage)
+        fresh_conf = write_conf(root / "fresh", broker.bootstrap_servers, subscribers, fresh_storage, jvm)
         print(f"soak: {args.minutes:g} min, {args.rate:g} msg/s over {len(TOPICS)} topics x {PARTITIONS} partitions, "
               f"12 subscriptions (hang, down, flap, 9 healthy); Spark's Kafka source, delta-spark, local[*] on "
               f"{os.cpu_count()} CPUs (Spark's executor is the driver's JVM); load {os.getloadavg()[0]:.1f}",
               flush=True)
         publisher = Publisher(broker.bootstrap_servers, args.rate)
         publisher.start()
+        print(f"driver JVM options: {jvm or 'Herald local defaults (the heap grows as the JVM likes)'}", flush=True)
         job = Job(conf, root / "soak.log")
         jobs.append(job)
         ready_by = time.monotonic() + 900
