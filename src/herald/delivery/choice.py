@@ -43,7 +43,7 @@ class RoundRobin(OneEndpoint):
 
     def pick(self, unit: Unit) -> int:
         if unit.target < 0:
-            unit.target = self._next - unit.attempts
+            unit.target = (self._next - unit.attempts) % self.count  # never negative: its turn is taken once
             self._next = (self._next + 1) % self.count
         return (unit.target + unit.attempts) % self.count
 
