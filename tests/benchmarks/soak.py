@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -74,11 +75,12 @@ PARTITIONS = 2
 BAD = {"hang": 0, "down": 1, "flap": 2}  # the bad subscriber -> its topic's index
 HEALTHY = {f"ok{n}": n // 3 for n in range(9)}  # three healthy subscribers a topic
 SAMPLE_EVERY_S = 30.0
-TOUCHED_HEAP = "-Dlog4j2.level=WARN -Xms1g -XX:+AlwaysPreTouch"
+TOUCHED_HEAP = "-Dlog4j2.level=WARN -Xms1g -XX:+AlwaysPreTouch -XX:NativeMemoryTracking=summary"
 """herald.yaml's `spark.driver.extraJavaOptions` unless --lazy-heap (Herald's local default, plus): the driver
 JVM's heap (spark.driver.memory's default -Xmx1g) committed and touched at its start, as services that run for
 months are often set up. Left to the JVM, the heap grows to -Xmx over the first 15-20 minutes
-(tests/benchmarks/README.md), and a fit of RSS over a 20-minute soak measures that fill, not a leak."""
+(tests/benchmarks/README.md), and a fit of RSS over a 20-minute soak measures that fill, not a leak. Native memory
+tracking (summary) says which of the JVM's own areas grow (`native_memory_growth`)."""
 FIT_AFTER_S = 300.0  # RSS and table growth are fitted on the samples after the job's first 5 minutes
 FLAP_PERIOD_S = 60.0
 READ_STARTED = "one query reads"  # the log line of the shared read's start (engine/triggers/shared_read.py)
@@ -354,6 +356,39 @@ def live_heap_mib(jvm_pid: int | None) -> float | None:
     return (gc["S0U"] + gc["S1U"] + gc["EU"] + gc["OU"]) / 1024
 
 
+NMT_AREA = re.compile(r"^-\s+(.+?) \(reserved=\d+KB(?: [+-]\d+KB)?, committed=(\d+)KB(?: ([+-]\d+)KB)?\)")
+NMT_TOTAL = re.compile(r"^Total: reserved=\d+KB(?: [+-]\d+KB)?, committed=(\d+)KB(?: ([+-]\d+)KB)?")
+
+
+def native_memory(jvm_pid: int | None, command: str) -> str | None:
+    """`jcmd <pid> VM.native_memory <command>` (the JVM runs with -XX:NativeMemoryTracking); None without it."""
+    jcmd = shutil.which("jcmd")
+    if jvm_pid is None or jcmd is None:
+        return None
+    try:
+        return subprocess.run([jcmd, str(jvm_pid), "VM.native_memory", command], capture_output=True, text=True,
+                              timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def native_memory_growth(diff: str) -> tuple[float, float, list[tuple[str, float, float]]] | None:
+    """From `summary.diff` against the baseline: (the JVM's committed total, MiB; its change since the baseline,
+    MiB; each area's (name, committed MiB, change MiB), the largest changes first). None when it says nothing."""
+    total = None
+    areas = []
+    for line in diff.splitlines():
+        found = NMT_TOTAL.match(line)
+        if found:
+            total = (int(found.group(1)) / 1024, int(found.group(2) or 0) / 1024)
+        found = NMT_AREA.match(line.strip() if line.startswith("-") else line)
+        if found:
+            areas.append((found.group(1).strip(), int(found.group(2)) / 1024, int(found.group(3) or 0) / 1024))
+    if total is None:
+        return None
+    return total[0], total[1], sorted(areas, key=lambda area: -abs(area[2]))
+
+
 def tables(storage: Path) -> dict[str, tuple[int, int, int]]:
     """table -> (rows, files, version), read with delta-rs; (-1, -1, -1) for one that could not be read."""
     from deltalake import DeltaTable
@@ -454,7 +489,7 @@ def sample(job: Job, storage: Path, arrivals: Arrivals, subscribers: dict[str, S
         print(f"            (tables not read: {type(error).__name__}: {error})", flush=True)
         parked_now, lag = {}, {}
     figures = {"t": now - job.launched, "driver": rss["python"] + rss["jvm"], "python": rss["python"],
-               "jvm_pid": rss["jvm_pid"], "tables": found,
+               "jvm": rss["jvm"], "jvm_pid": rss["jvm_pid"], "tables": found,
                "parked": sum(parked_now.values()), "latencies": window}
     latency = (f"{len(window)} arrivals, p50 {percentile(window, 0.5):.0f} ms, p99 {percentile(window, 0.99):.0f} ms"
                if window else "no arrivals")
@@ -553,6 +588,7 @@ def main() -> None:
               flush=True)
         samples, cpu, since = [], 0.0, job.launched  # the first sample's CPU: since the launch
         live: list[tuple[float, float | None]] = []  # (t, the JVM's live heap, MiB) settled and at the end
+        jvm_at_baseline = 0.0  # the JVM's RSS (MiB) when native memory tracking took its baseline
         for subscriber in subscribers.values():
             subscriber.take_counts()
         arrivals.take_window()
@@ -568,6 +604,20 @@ def main() -> None:
             if (not live and figures["t"] >= FIT_AFTER_S) or next_at >= end:  # once settled, and at the end
                 live.append((figures["t"], live_heap_mib(figures["jvm_pid"])))
                 print(f"            JVM live heap after a full GC: {live[-1][1]} MiB", flush=True)
+                if len(live) == 1:  # the JVM's own areas from here on
+                    native_memory(figures["jvm_pid"], "baseline")
+                    jvm_at_baseline = figures["jvm"]
+                else:
+                    native = native_memory_growth(native_memory(figures["jvm_pid"], "summary.diff") or "")
+                    if native is not None:
+                        total, grown, areas = native
+                        span_h = (live[-1][0] - live[0][0]) / 3600
+                        shown = ", ".join(f"{name} {size:.0f} MiB ({change:+.1f})" for name, size, change in areas[:6])
+                        rss_grown = figures["jvm"] - jvm_at_baseline
+                        print(f"JVM native memory tracking since {live[0][0] / 60:.1f} min: committed {total:.0f} MiB, "
+                              f"{grown:+.1f} MiB ({grown / span_h:+.1f} MiB/h); by area: {shown}; the JVM's RSS "
+                              f"{rss_grown:+.1f} MiB meanwhile, so {rss_grown - grown:+.1f} MiB outside what the JVM "
+                              "tracks (native libraries' own allocations, the allocator's arenas)", flush=True)
             since = time.monotonic()
             if next_at >= end:
                 break
