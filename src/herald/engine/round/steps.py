@@ -1,8 +1,8 @@
 """One round, whatever started it: planned, delivered and recorded the same way.
 
-Three things start rounds (docs/design.md §3): a micro-batch of a topic's shared query (`pipeline`), a catch-up
-read of a subscription group behind it (`catchup`), and a batch of parked retries (`retry_driver`). Each then goes
-through the same steps, here:
+Three things start rounds (docs/design.md §3): a micro-batch of a topic's shared query (`batch`), a catch-up read
+of a subscription group behind it (`catchup`), and a batch of parked retries (`retry_driver`). One owner runs
+every round's steps in order, with their failure rules (`owner.Round`); the steps' helpers are here:
 
 1. `participants`: the subscriptions taking part, each with its `LanePlan` (`planner.lane_plan`);
 2. `task_plan`: the one `TaskPlan` the tasks get;
@@ -11,7 +11,7 @@ through the same steps, here:
    turned into each participant's `SubscriptionOutcome`, positions and offsets Kafka deleted before they were
    read included (`lost_in`). A retry round delivers its parked messages on the driver instead
    (`retry_driver`);
-4. (the caller takes the outcomes into its states)
+4. (the round's source takes the outcomes into its states, `owner.RoundSource.take`), and `release_pins`;
 5. `record`: the round's rows handed to the table writer, positions last; then its parked messages to the
    retry driver, and the round to its listeners (Prometheus, dead letters).
 """
@@ -189,7 +189,7 @@ def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, k
 
 def record(context: EngineContext, result: RoundResult, duration_s: float, stamp: int,
            possible_replay: bool = False, park: Callable | None = None) -> None:
-    """Hand the round's rows, stamped `stamp` (epoch ms, from `TopicPipeline.apply`), to the table writer
+    """Hand the round's rows, stamped `stamp` (epoch ms, from its source's `take`), to the table writer
     (positions last), then its parked messages to `park` (the retry driver: after their PARKED rows, so that a
     retry round's rows about them are always written later), then tell the round's listeners. Empty tables are
     skipped and the rows appended, unless the round may replay an earlier run's (its old slices are then
