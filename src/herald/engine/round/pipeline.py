@@ -40,7 +40,6 @@ from herald.engine.round.result import (
     stub,
 )
 from herald.engine.round.state import SubscriptionState
-from herald.engine.triggers.catchup import CatchUp
 from herald.engine.upkeep import moves
 from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
@@ -73,7 +72,7 @@ class TopicPipeline:
         self._tokens = itertools.count(1)
         self.read = None  # the shared read (engine.triggers.shared_read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
-        self.catchup = CatchUp(self)  # started by `Topics`
+        self.catchup = None  # its `CatchUp` (herald.engine.triggers.catchup), made and started by `Topics`
         self.round_error: str | None = None  # why its last round failed (its subscriptions catch up on it)
         self.failed_rounds = 0  # its rounds (micro-batch or catch-up) that failed since one succeeded
         self.healthy = False  # delivered a micro-batch since it joined its read
