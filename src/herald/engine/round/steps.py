@@ -42,12 +42,16 @@ Ranges = dict[int, tuple[int, int]]
 
 
 def participants(context: EngineContext, states: Iterable[tuple[int, SubscriptionState]],
-                 parked_count: Callable[[str], int]) -> list[Participant]:
+                 parked_count: Callable[[str], int] | None = None,
+                 plan: Callable[[SubscriptionState, Pin | str | None, list | None], LanePlan] | None = None,
+                 wait: Callable[[SubscriptionState], None] | None = None) -> list[Participant]:
     """Each (index in the rows' `targets`, state) with the plan of its share of the round. A pinned
     subscription takes part with its pin (the caller's `release_pins` gives it back when the round ends), or,
     while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up). So
     does a subscription with no endpoint discovered (docs/design.md §7); one with some is planned with its set
-    as it is now."""
+    as it is now. `plan(state, pin, endpoints)`: its `LanePlan` (None: the reading path's, with `parked_count`
+    of its slots held by parked retries); `wait(state)`: told of each one that sits the round out (a retry
+    round postpones its messages)."""
     states = list(states)
     chosen: list[Participant] = []
     try:
@@ -55,21 +59,25 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
             endpoints = context.endpoints_of(state.subscription)
             if endpoints is not None and not endpoints:  # none discovered: it waits
                 state.busy = False
+                if wait is not None:
+                    wait(state)
                 continue
             pin = context.priority.lease(state.subscription)
             if pin == HELD:
                 state.busy = False
+                if wait is not None:
+                    wait(state)
                 continue
             if isinstance(pin, Pin):
                 state.pinned_to(pin.pin_id)
             try:
-                plan = lane_plan(state, context.flow_settings, parked_count(state.id),
-                                 providers=context.oauth_providers, pin=pin, endpoints=endpoints,
-                                 former=context.former_endpoint)
+                lane = plan(state, pin, endpoints) if plan is not None else lane_plan(
+                    state, context.flow_settings, parked_count(state.id), providers=context.oauth_providers,
+                    pin=pin, endpoints=endpoints, former=context.former_endpoint)
             except BaseException:
                 context.priority.release(state.id, pin, None)
                 raise
-            chosen.append(Participant(index, state, plan, pin))
+            chosen.append(Participant(index, state, lane, pin))
     except BaseException:  # nothing was planned: no state stays busy, no pin stays leased
         release_pins(context, chosen, ())
         for _, state in states:
