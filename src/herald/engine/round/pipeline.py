@@ -21,20 +21,17 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from herald.config import Subscription
 from herald.config.model import Topic
-from herald.delivery.plan import TaskPlan
 from herald.delivery.report import SUCCESS, Parked
 from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.round import steps
+from herald.engine.round.batch import BatchRound
 from herald.engine.round.fanout import Participant
 from herald.engine.round.positions import behind
 from herald.engine.round.resets import PendingReset, TopicReset, find_reset, known_ends, reset_subscription, went_back
 from herald.engine.round.result import (
-    STREAM,
-    RoundResult,
     SubscriptionOutcome,
     moved_rows,
     parked_discard_tables,
@@ -43,28 +40,11 @@ from herald.engine.round.result import (
     stub,
 )
 from herald.engine.round.state import SubscriptionState
-from herald.engine.triggers.catchup import CatchUp
 from herald.engine.upkeep import moves
 from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BatchRound:
-    """A topic's round of a micro-batch between `TopicPipeline.begin_batch` and `finish_batch`: the subscriptions
-    projected (`subscriptions`, which the participants' indices point into), those taking part, and the plan of
-    their tasks (None: nothing to send). started: monotonic seconds."""
-
-    batch_id: int
-    ranges: dict[int, tuple[int, int]]
-    writer: str
-    started: float
-    subscriptions: list[Subscription]
-    participants: list[Participant]
-    plan: TaskPlan | None = None
-    topic_id: str | None = None  # Kafka's id of the topic when it was planned: its positions are in that log
 
 
 class TopicPipeline:
@@ -92,7 +72,7 @@ class TopicPipeline:
         self._tokens = itertools.count(1)
         self.read = None  # the shared read (engine.triggers.shared_read.SharedRead) reading the topic now, if any
         self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
-        self.catchup = CatchUp(self)  # started by `Topics`
+        self.catchup = None  # its `CatchUp` (herald.engine.triggers.catchup), made and started by `Topics`
         self.round_error: str | None = None  # why its last round failed (its subscriptions catch up on it)
         self.failed_rounds = 0  # its rounds (micro-batch or catch-up) that failed since one succeeded
         self.healthy = False  # delivered a micro-batch since it joined its read
@@ -356,9 +336,9 @@ class TopicPipeline:
 
     def begin_batch(self, batch_id: int, ranges: dict[int, tuple[int, int]], writer: str,
                     tasks: int | None = None, may_replay: bool = True) -> BatchRound | None:
-        """A round of the batch up to its Spark job: the subscriptions taking part are chosen (busy from now on)
-        and their `TaskPlan` made for `tasks` tasks (None: a task per partition of `ranges`, at most Spark's
-        parallelism) (`BatchRound.plan`; None when there is nothing to send).
+        """A round of the batch up to its Spark job (`Round.begin`): the subscriptions taking part are chosen (busy
+        from now on) and their `TaskPlan` made for `tasks` tasks (None: a task per partition of `ranges`, at most
+        Spark's parallelism) (`BatchRound.plan`; None when there is nothing to send).
         None when the batch is not delivered (the job is stopping, or it was recorded before a restart). The
         caller runs the job, then calls `finish_batch`, or `abandon_batch` when it delivers the batch again
         another way. may_replay: False when the read knows the batch never ran before (`SharedRead.may_replay`):
@@ -376,89 +356,23 @@ class TopicPipeline:
                 self._set_frontier(ranges)
             self._replay_possible = False
             return None
-        started = time.monotonic()
-        with self.lock:
-            ends = {partition: end for partition, (_, end) in ranges.items()}
-            for state in self.states.values():
-                for partition in ranges:  # a partition added to the topic: every subscription from its start
-                    state.positions.setdefault(partition, 0)
-                state.topic_end = ends
-            subscriptions = self.subscriptions
-            participants = self._participants(subscriptions, ranges)  # marked busy: `apply` frees them
-            self.batch_in_progress = True
-            topic_id = self.topic_id
-        batch = BatchRound(batch_id, ranges, writer, started, subscriptions, participants, topic_id=topic_id)
-        if participants and any(start < end for start, end in ranges.values()):
-            try:
-                if tasks is None:
-                    tasks = max(1, min(steps.input_partitions(ranges), self.context.parallelism))
-                batch.plan = steps.round_plan(self.context, self.topic, subscriptions, participants, tasks=tasks,
-                                              shared=True)
-            except BaseException:  # no round: they are free, behind the frontier (they catch up on the batch)
-                self._end_batch(batch, [])
-                raise
+        batch = BatchRound(self, batch_id, ranges, writer, tasks)
+        batch.round.begin()
         return batch
 
     def finish_batch(self, batch: BatchRound, reports: Callable[[], list]) -> None:
-        """Take the outcome of `batch`'s Spark job into the states and record the round. `reports` returns the
-        job's task reports for the round (it is not called when the round sends nothing); when it raises, the
-        subscriptions taking part are behind the frontier and catch up on the batch, and this raises too."""
-        context, ranges, participants = self.context, batch.ranges, batch.participants
-        results: list[SubscriptionOutcome] = []
-        try:
-            if batch.plan is not None:
-                results = steps.delivered(context, self.kafka_topic, participants, ranges, reports())
-            else:  # nothing to send: the participants pass the (empty) ranges
-                results = [SubscriptionOutcome(p.state.subscription, flow_state=p.state.flow,
-                                               positions={q: max(p.state.positions.get(q, e), e)
-                                                          for q, (_, e) in ranges.items()})
-                           for p in participants]
-        finally:
-            stamp = self._end_batch(batch, results)
-        try:
-            steps.record(context, RoundResult(STREAM, batch.writer, batch.batch_id, self.kafka_topic,
-                                              context.cluster, results, batch.topic_id),
-                         time.monotonic() - batch.started, stamp, possible_replay=self._replay_possible,
-                         park=self.park)
-        finally:
-            self.parking_ended(results)
-        self._replay_possible = False
-        self.healthy = True
-        self.round_succeeded()
-        self.flush_moves()
-        if self.catchup is not None:
-            self.catchup.wake()
-        counted = sum(r.counters.delivered for r in results), sum(r.counters.discarded for r in results)
-        log.info("%s batch %d: %d subscription(s), delivered %d, discarded %d, %d behind, in %.1f s",
-                 self.kafka_topic, batch.batch_id, len(participants), *counted,
-                 sum(1 for s in self.states.values() if s.catching_up), time.monotonic() - batch.started)
-
-    def _end_batch(self, batch: BatchRound, results: list[SubscriptionOutcome]) -> int:
-        """The round's outcomes (none when it failed) taken into the states, the frontier at the batch's end, the
-        pins given back; the stamp of its rows (`apply`)."""
-        try:
-            with self.lock:
-                try:
-                    stamp = self.apply(batch.participants, results, batch.topic_id)
-                finally:
-                    self._set_frontier(batch.ranges)
-                    self.batch_in_progress = False
-        finally:
-            steps.release_pins(self.context, batch.participants, results)
-        return stamp
+        """Take the outcome of `batch`'s Spark job into the states and record the round (`Round.finish`).
+        `reports` returns the job's task reports for the round (it is not called when the round sends nothing);
+        when it raises, the subscriptions taking part are behind the frontier and catch up on the batch, and this
+        raises too."""
+        batch.reports = reports
+        batch.round.finish()
 
     def abandon_batch(self, batch: BatchRound) -> None:
         """`batch`'s Spark job failed, and the batch is delivered again (`deliver_batch`): its subscriptions are
         free at the positions they had (the frontier does not move), their pins given back and the moves asked
         meanwhile applied. Nothing of the failed job is recorded."""
-        try:
-            with self.lock:
-                try:
-                    self.apply(batch.participants, [])
-                finally:
-                    self.batch_in_progress = False
-        finally:
-            steps.release_pins(self.context, batch.participants, ())
+        batch.round.abandon()
         self.flush_moves()
 
     def _set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
@@ -492,12 +406,7 @@ class TopicPipeline:
                 continue
             state.busy = True
             chosen.append((index, state))
-        try:
-            return steps.participants(self.context, chosen, self.retries.parked_count)
-        except BaseException:  # no round: they are free again (and behind the frontier the caller sets)
-            for _, state in chosen:
-                state.busy = False
-            raise
+        return steps.participants(self.context, chosen, self.retries.parked_count)  # failing, frees them
 
     # -- shared by the query and catch-up ---------------------------------------------------------------------
     def apply(self, participants: list[Participant], results: list[SubscriptionOutcome],

@@ -1,8 +1,8 @@
 """One round, whatever started it: planned, delivered and recorded the same way.
 
-Three things start rounds (docs/design.md §3): a micro-batch of a topic's shared query (`pipeline`), a catch-up
-read of a subscription group behind it (`catchup`), and a batch of parked retries (`retry_driver`). Each then goes
-through the same steps, here:
+Three things start rounds (docs/design.md §3): a micro-batch of a topic's shared query (`batch`), a catch-up read
+of a subscription group behind it (`catchup`), and a batch of parked retries (`retry_driver`). One owner runs
+every round's steps in order, with their failure rules (`owner.Round`); the steps' helpers are here:
 
 1. `participants`: the subscriptions taking part, each with its `LanePlan` (`planner.lane_plan`);
 2. `task_plan`: the one `TaskPlan` the tasks get;
@@ -11,7 +11,7 @@ through the same steps, here:
    turned into each participant's `SubscriptionOutcome`, positions and offsets Kafka deleted before they were
    read included (`lost_in`). A retry round delivers its parked messages on the driver instead
    (`retry_driver`);
-4. (the caller takes the outcomes into its states)
+4. (the round's source takes the outcomes into its states, `owner.RoundSource.take`), and `release_pins`;
 5. `record`: the round's rows handed to the table writer, positions last; then its parked messages to the
    retry driver, and the round to its listeners (Prometheus, dead letters).
 """
@@ -42,12 +42,16 @@ Ranges = dict[int, tuple[int, int]]
 
 
 def participants(context: EngineContext, states: Iterable[tuple[int, SubscriptionState]],
-                 parked_count: Callable[[str], int]) -> list[Participant]:
+                 parked_count: Callable[[str], int] | None = None,
+                 plan: Callable[[SubscriptionState, Pin | str | None, list | None], LanePlan] | None = None,
+                 wait: Callable[[SubscriptionState], None] | None = None) -> list[Participant]:
     """Each (index in the rows' `targets`, state) with the plan of its share of the round. A pinned
     subscription takes part with its pin (the caller's `release_pins` gives it back when the round ends), or,
     while its pin changes hands, sits the round out: it is no longer busy and stays behind (it catches up). So
     does a subscription with no endpoint discovered (docs/design.md §7); one with some is planned with its set
-    as it is now."""
+    as it is now. `plan(state, pin, endpoints)`: its `LanePlan` (None: the reading path's, with `parked_count`
+    of its slots held by parked retries); `wait(state)`: told of each one that sits the round out (a retry
+    round postpones its messages)."""
     states = list(states)
     chosen: list[Participant] = []
     try:
@@ -55,21 +59,25 @@ def participants(context: EngineContext, states: Iterable[tuple[int, Subscriptio
             endpoints = context.endpoints_of(state.subscription)
             if endpoints is not None and not endpoints:  # none discovered: it waits
                 state.busy = False
+                if wait is not None:
+                    wait(state)
                 continue
             pin = context.priority.lease(state.subscription)
             if pin == HELD:
                 state.busy = False
+                if wait is not None:
+                    wait(state)
                 continue
             if isinstance(pin, Pin):
                 state.pinned_to(pin.pin_id)
             try:
-                plan = lane_plan(state, context.flow_settings, parked_count(state.id),
-                                 providers=context.oauth_providers, pin=pin, endpoints=endpoints,
-                                 former=context.former_endpoint)
+                lane = plan(state, pin, endpoints) if plan is not None else lane_plan(
+                    state, context.flow_settings, parked_count(state.id), providers=context.oauth_providers,
+                    pin=pin, endpoints=endpoints, former=context.former_endpoint)
             except BaseException:
                 context.priority.release(state.id, pin, None)
                 raise
-            chosen.append(Participant(index, state, plan, pin))
+            chosen.append(Participant(index, state, lane, pin))
     except BaseException:  # nothing was planned: no state stays busy, no pin stays leased
         release_pins(context, chosen, ())
         for _, state in states:
@@ -189,7 +197,7 @@ def lost_in(context: EngineContext, kafka_topic: str, ranges: Ranges, reports, k
 
 def record(context: EngineContext, result: RoundResult, duration_s: float, stamp: int,
            possible_replay: bool = False, park: Callable | None = None) -> None:
-    """Hand the round's rows, stamped `stamp` (epoch ms, from `TopicPipeline.apply`), to the table writer
+    """Hand the round's rows, stamped `stamp` (epoch ms, from its source's `take`), to the table writer
     (positions last), then its parked messages to `park` (the retry driver: after their PARKED rows, so that a
     retry round's rows about them are always written later), then tell the round's listeners. Empty tables are
     skipped and the rows appended, unless the round may replay an earlier run's (its old slices are then

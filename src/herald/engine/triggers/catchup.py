@@ -26,8 +26,10 @@ import time
 from herald.delivery.flow import FlowMode
 from herald.engine.context import now_ms
 from herald.engine.round import steps
+from herald.engine.round.fanout import Participant
+from herald.engine.round.owner import Round, TopicRound
 from herald.engine.round.positions import Lost, behind, catch_up_ranges, earliest
-from herald.engine.round.result import CATCHUP, RoundResult
+from herald.engine.round.result import CATCHUP, RoundResult, SubscriptionOutcome
 from herald.engine.round.state import SubscriptionState
 from herald.engine.triggers.supervision import outage, short_error
 from herald.source.kafka_offsets import partition_watermarks
@@ -141,52 +143,8 @@ class CatchUp:
         return group, ranges, dict(frontier)
 
     def round(self) -> bool:
-        """Run one catch-up round; False when no subscription needs one now."""
-        pipeline = self.pipeline
-        context = pipeline.context
-        with pipeline.lock:
-            chosen = self._group()
-            if chosen is None:
-                return False
-            group, ranges, frontier = chosen
-            topic_id = pipeline.topic_id  # its positions are in this log (a reset found meanwhile waits for it)
-            before = {state.id: dict(state.positions) for state in group}
-            participants = steps.participants(context, enumerate(group), pipeline.retries.parked_count)
-            if not participants:
-                return False  # every one of them is held (a pin changing hands): the switch wakes catch-up
-        results = []
-        started = time.monotonic()
-        try:
-            ranges, deleted = self._within_retention(ranges)
-            with context.catchup_slots:
-                settings = context.config.settings
-                raw = read_kafka_range(context.spark, context.connector, settings.kafka.bootstrapServers,
-                                       settings.kafka.properties, pipeline.kafka_topic,
-                                       {p: start for p, (start, _) in ranges.items()},
-                                       {p: end for p, (_, end) in ranges.items()})
-                results = steps.deliver(context, pipeline.topic, [state.subscription for state in group],
-                                        participants, raw, ranges,
-                                        max_tasks=max(1, context.parallelism // 2), shared=False, known_lost=deleted)
-        finally:
-            with pipeline.lock:
-                stamp = pipeline.apply(participants, results, topic_id)
-                try:  # its outcome is taken: nothing here may keep it from being recorded
-                    _after_round(pipeline, group, results, before, frontier)
-                except Exception:  # noqa: BLE001 - bookkeeping of when to run again; the round is recorded
-                    log.exception("%s catch-up: after its round", pipeline.kafka_topic)
-            steps.release_pins(context, participants, results)
-        batch_id = self.next_round_id()
-        try:
-            steps.record(context, RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}",
-                                              batch_id, pipeline.kafka_topic, context.cluster, results, topic_id),
-                         time.monotonic() - started, stamp, park=pipeline.park)
-        finally:
-            pipeline.parking_ended(results)
-        pipeline.flush_moves()
-        log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, batch_id,
-                 ", ".join(state.id for state in group), sum(e - s for s, e in ranges.values()),
-                 time.monotonic() - started)
-        return True
+        """Run one catch-up round (`CatchUpRound`); False when no subscription needs one now."""
+        return Round(self.pipeline.context, CatchUpRound(self)).run() is not None
 
     def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], Lost]:
         """(the ranges to read, the offsets of them already deleted): a range that starts below what Kafka still
@@ -200,6 +158,63 @@ class CatchUp:
                 deleted.append((partition, start, min(low, end)))
             clamped[partition] = (min(max(start, low), end), end)
         return clamped, deleted
+
+
+class CatchUpRound(TopicRound):
+    """One catch-up round of `catchup`'s topic (`herald.engine.round.owner.Round` runs it): the group `_group`
+    chose, its ranges read from Kafka (within what Kafka still holds) and delivered in Spark tasks of its own."""
+
+    def __init__(self, catchup: CatchUp) -> None:
+        super().__init__(catchup.pipeline)
+        self.catchup = catchup
+
+    def choose(self) -> list[Participant] | None:
+        """(None, too, when every one of the group is held: a pin changing hands; the switch wakes catch-up)"""
+        pipeline = self.pipeline
+        with pipeline.lock:
+            chosen = self.catchup._group()
+            if chosen is None:
+                return None
+            self.group, self.ranges, self.frontier = chosen
+            self.topic_id = pipeline.topic_id  # its positions are in this log (a reset found meanwhile waits for it)
+            self.before = {state.id: dict(state.positions) for state in self.group}
+            return steps.participants(pipeline.context, enumerate(self.group), pipeline.retries.parked_count) or None
+
+    def deliver(self, participants: list[Participant]) -> list[SubscriptionOutcome]:
+        pipeline, context = self.pipeline, self.pipeline.context
+        self.ranges, deleted = self.catchup._within_retention(self.ranges)
+        with context.catchup_slots:
+            settings = context.config.settings
+            raw = read_kafka_range(context.spark, context.connector, settings.kafka.bootstrapServers,
+                                   settings.kafka.properties, pipeline.kafka_topic,
+                                   {p: start for p, (start, _) in self.ranges.items()},
+                                   {p: end for p, (_, end) in self.ranges.items()})
+            return steps.deliver(context, pipeline.topic, [state.subscription for state in self.group], participants,
+                                 raw, self.ranges, max_tasks=max(1, context.parallelism // 2), shared=False,
+                                 known_lost=deleted)
+
+    def take(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> int:
+        pipeline = self.pipeline
+        with pipeline.lock:
+            stamp = pipeline.apply(participants, results, self.topic_id)
+            try:  # its outcome is taken: nothing here may keep it from being recorded
+                _after_round(pipeline, self.group, results, self.before, self.frontier)
+            except Exception:  # noqa: BLE001 - bookkeeping of when to run again; the round is recorded
+                log.exception("%s catch-up: after its round", pipeline.kafka_topic)
+        return stamp
+
+    def result(self, results: list[SubscriptionOutcome]) -> RoundResult:
+        pipeline, context = self.pipeline, self.pipeline.context
+        self.batch_id = self.catchup.next_round_id()
+        return RoundResult(CATCHUP, f"catchup:{context.run_id}:{pipeline.kafka_topic}", self.batch_id,
+                           pipeline.kafka_topic, context.cluster, results, self.topic_id)
+
+    def after(self, results: list[SubscriptionOutcome], started: float) -> None:
+        pipeline = self.pipeline
+        pipeline.flush_moves()
+        log.info("%s catch-up round %d: %s, %d record(s) in %.1f s", pipeline.kafka_topic, self.batch_id,
+                 ", ".join(state.id for state in self.group), sum(e - s for s, e in self.ranges.values()),
+                 time.monotonic() - started)
 
 
 def failure_backoff_s(failures: int) -> float:

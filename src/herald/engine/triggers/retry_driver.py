@@ -30,13 +30,15 @@ from herald.config import Subscription
 from herald.delivery.flow import FlowMode, FlowState, FlowWindow
 from herald.delivery.input import InputBatch
 from herald.delivery.message import Record, RetryState
+from herald.delivery.plan import LanePlan
 from herald.delivery.policy import EndedBy
 from herald.delivery.report import Discarded, Parked
 from herald.delivery.sender import TaskSender
 from herald.engine.context import EngineContext, now_ms, stamp_ms
 from herald.engine.endpoints.pin_group import Pin, PinNews
-from herald.engine.endpoints.priority_groups import HELD
 from herald.engine.round import steps
+from herald.engine.round.fanout import Participant
+from herald.engine.round.owner import Round, RoundSource
 from herald.engine.round.planner import lane_plan, named
 from herald.engine.round.result import RETRY, RoundResult, SubscriptionOutcome, state_of_row
 from herald.engine.round.state import SubscriptionState, stored_parked
@@ -338,86 +340,107 @@ class RetryDriver:
         outcome.counters.parked = len(outcome.parked)
 
     def run_round(self, due: dict[str, list[ParkedMessage]]) -> RoundResult:
-        """Re-drive `due` (subscription id -> messages) once; record and return what happened."""
-        context = self.context
-        with self._lock:
-            active = [self._active[sid] for sid in due if sid in self._active]
-        endpoints = {subscription.id: context.endpoints_of(subscription) for subscription in active}
-        pins: dict = {}
-        subscriptions: list[Subscription] = []
-        report = None
-        try:
-            for subscription in active:
-                found = endpoints[subscription.id]
-                pin = None if found is not None and not found else context.priority.lease(subscription)
-                if (found is not None and not found) or pin == HELD:  # it waits (§6, §7): later, not now
-                    self._postpone({subscription.id: due[subscription.id]}, 1000)
-                    continue
-                pins[subscription.id] = pin
-                subscriptions.append(subscription)
-            lanes, rows = {}, []
-            for index, subscription in enumerate(subscriptions):
-                messages = due[subscription.id]
-                live = self.live_state(subscription.id)
-                pin = pins[subscription.id]
-                if isinstance(pin, Pin) and self._pin_of.get(subscription.id, pin.pin_id) != pin.pin_id:
-                    self._next_permit.pop(subscription.id, None)  # a new pin: the old one's slowing is not its
-                    self._windows.pop(subscription.id, None)
-                if isinstance(pin, Pin):
-                    self._pin_of[subscription.id] = pin.pin_id
-                    if live is not None:
-                        with live[0]:
-                            live[1].pinned_to(pin.pin_id)
-                flow = live[1].flow if live else FlowState()
-                flow = FlowState(flow.mode, flow.rate_per_s, self._next_permit.get(subscription.id, 0),
-                                 self._window_now(subscription.id, time.monotonic()))
-                state = SubscriptionState(subscription, flow=flow)
-                if live is not None:  # its lag counts in its pending messages (priority overflow)
-                    with live[0]:
-                        state.positions, state.topic_end = dict(live[1].positions), dict(live[1].topic_end)
-                lanes[index] = lane_plan(state, context.flow_settings, len(messages), retries=True,
-                                         providers=context.oauth_providers, pin=pins[subscription.id],
-                                         endpoints=endpoints[subscription.id], former=context.former_endpoint,
-                                         resume={(m.record.partition, m.record.offset): m.state for m in messages})
-                rows.extend((m.record, (index,)) for m in messages)
-            plan = steps.task_plan(context, "", lanes)
-            started = time.monotonic()
-            report = TaskSender(plan, stop=self._stop.is_set).run([InputBatch(rows)])
-        finally:  # the pins go back, with what the round saw of the pinned endpoints
-            for index, subscription in enumerate(subscriptions):
-                lane = report.lanes.get(index) if report is not None else None
-                news = PinNews(*lane.pin_news) if lane is not None and lane.pin_news is not None else None
-                context.priority.release(subscription.id, pins[subscription.id], news)
-        batch_id = next(self._rounds)
-        result = RoundResult(RETRY, f"retry:{context.run_id}", batch_id, "", context.cluster)
-        current_pins = context.priority.pin_ids()
-        for index, subscription in enumerate(subscriptions):
-            lane = report.lanes[index]
-            pin = pins[subscription.id]
-            planned = lanes[index].flow_state
+        """Re-drive `due` (subscription id -> messages) once (`RetryRound`); record and return what happened."""
+        return Round(self.context, RetryRound(self, due)).run()
+
+
+class RetryRound(RoundSource):
+    """One retry round of `driver`'s parked messages `due` (subscription id -> messages), re-driven on the driver
+    (`herald.engine.round.owner.Round` runs it). A subscription that waits (no endpoint discovered, its pin changing
+    hands: docs/design.md §6, §7) is postponed, not planned. Its pins go back before its outcomes are taken
+    (`pins_back_first`): a pin the round's own news moved is lost to it (`RetryDriver._resolve`). Its parked
+    messages stay in the driver's registry (`_resolve`, under the driver's lock): none is handed over (`park`)."""
+
+    pins_back_first = True
+
+    def __init__(self, driver: RetryDriver, due: dict[str, list[ParkedMessage]]) -> None:
+        self.driver, self.due = driver, due
+        self.report = None  # the sender's report, once delivered (`deliver` returned)
+        self.rows = 0  # messages sent to the round
+
+    def choose(self) -> list[Participant]:
+        driver = self.driver
+        with driver._lock:
+            active = [driver._active[sid] for sid in self.due if sid in driver._active]
+        chosen = steps.participants(driver.context, enumerate(SubscriptionState(s) for s in active), plan=self._plan,
+                                    wait=lambda state: driver._postpone({state.id: self.due[state.id]}, 1000))
+        return [replace(member, index=index) for index, member in enumerate(chosen)]  # lanes 0, 1 ...
+
+    def _plan(self, state: SubscriptionState, pin: Pin | str | None, endpoints) -> LanePlan:
+        """A subscription's lane: from its running state's flow (a new pin starts its own) and lag, with the
+        retry rounds' own next permit and window."""
+        driver, context, subscription = self.driver, self.driver.context, state.subscription
+        messages = self.due[subscription.id]
+        live = driver.live_state(subscription.id)
+        if isinstance(pin, Pin) and driver._pin_of.get(subscription.id, pin.pin_id) != pin.pin_id:
+            driver._next_permit.pop(subscription.id, None)  # a new pin: the old one's slowing is not its
+            driver._windows.pop(subscription.id, None)
+        if isinstance(pin, Pin):
+            driver._pin_of[subscription.id] = pin.pin_id
+            if live is not None:
+                with live[0]:
+                    live[1].pinned_to(pin.pin_id)
+        flow = live[1].flow if live else FlowState()
+        state.flow = FlowState(flow.mode, flow.rate_per_s, driver._next_permit.get(subscription.id, 0),
+                               driver._window_now(subscription.id, time.monotonic()))
+        if live is not None:  # its lag counts in its pending messages (priority overflow)
+            with live[0]:
+                state.positions, state.topic_end = dict(live[1].positions), dict(live[1].topic_end)
+        return lane_plan(state, context.flow_settings, len(messages), retries=True, providers=context.oauth_providers,
+                         pin=pin, endpoints=endpoints, former=context.former_endpoint,
+                         resume={(m.record.partition, m.record.offset): m.state for m in messages})
+
+    def deliver(self, participants: list[Participant]) -> list[SubscriptionOutcome]:
+        driver, context = self.driver, self.driver.context
+        rows = [(m.record, (member.index,)) for member in participants for m in self.due[member.state.id]]
+        self.rows = len(rows)
+        plan = steps.task_plan(context, "", {member.index: member.plan for member in participants})
+        report = TaskSender(plan, stop=driver._stop.is_set).run([InputBatch(rows)])
+        outcomes = []
+        for member in participants:
+            lane = report.lanes[member.index]
+            outcomes.append(SubscriptionOutcome(
+                member.state.subscription, counters=lane.counters, flow_state=lane.flow_state,
+                discarded=lane.discarded, traced=lane.traced, pending=member.plan.pending,
+                kafka_topic=_topic_of(self.due[member.state.id]),
+                pin_news=PinNews(*lane.pin_news) if lane.pin_news is not None else None))
+        self.report = report
+        return outcomes
+
+    def take(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> int:
+        """(pins given back) What each message became, and the rows' stamp, under the driver's lock: a reset's end
+        of a message (`end_old_log`, stamped under this lock) is either older than these rows or not in them."""
+        if self.report is None:
+            return 0  # not delivered: nothing to take, and the round is not recorded
+        driver, report = self.driver, self.report
+        current_pins = driver.context.priority.pin_ids()
+        for member in participants:
+            lane, sid, pin, planned = report.lanes[member.index], member.state.id, member.pin, member.plan.flow_state
             if (lane.flow_state.mode is not planned.mode  # the round's controller decided a mode: a window closed
                     or lane.flow_state.window.number != planned.window.number):
-                self._hand_back_flow(subscription.id, lane.flow_state, pin.pin_id if isinstance(pin, Pin) else None)
+                driver._hand_back_flow(sid, lane.flow_state, pin.pin_id if isinstance(pin, Pin) else None)
             permit_in_ms = lane.flow_state.permit_in_ms  # a duration from the round's end, as tasks report it
-            self._next_permit[subscription.id] = now_ms() + permit_in_ms if permit_in_ms else 0
-            self._windows[subscription.id] = (lane.flow_state.window, time.monotonic())
-            result.outcomes.append(SubscriptionOutcome(
-                subscription, counters=lane.counters, flow_state=lane.flow_state, discarded=lane.discarded,
-                traced=lane.traced, pending=lanes[index].pending, kafka_topic=_topic_of(due[subscription.id])))
-        with self._lock:  # the outcomes and their rows' stamp at once: a reset's end of a message (`end_old_log`,
-            stamp = stamp_ms()  # stamped under this lock) is either older than these rows or not in them
-            for index, (subscription, outcome) in enumerate(zip(subscriptions, result.outcomes)):
-                pin = pins[subscription.id]
-                pin_lost = isinstance(pin, Pin) and current_pins.get(subscription.id) != pin.pin_id
-                self._resolve(subscription.id, due[subscription.id], report.lanes[index], outcome,
-                              lanes[index].targets, pin_lost)
-        steps.record(context, result, time.monotonic() - started, stamp)  # parked: `_resolve` kept them
-        ended = sum(len(o.resolved) + len(o.parked) for o in result.outcomes)
+            driver._next_permit[sid] = now_ms() + permit_in_ms if permit_in_ms else 0
+            driver._windows[sid] = (lane.flow_state.window, time.monotonic())
+        with driver._lock:
+            stamp = stamp_ms()
+            for member, outcome in zip(participants, results):
+                pin = member.pin
+                pin_lost = isinstance(pin, Pin) and current_pins.get(member.state.id) != pin.pin_id
+                driver._resolve(member.state.id, self.due[member.state.id], report.lanes[member.index], outcome,
+                                member.plan.targets, pin_lost)
+        return stamp
+
+    def result(self, results: list[SubscriptionOutcome]) -> RoundResult:
+        context = self.driver.context
+        self.batch_id = next(self.driver._rounds)
+        return RoundResult(RETRY, f"retry:{context.run_id}", self.batch_id, "", context.cluster, results)
+
+    def after(self, results: list[SubscriptionOutcome], started: float) -> None:
+        ended = sum(len(o.resolved) + len(o.parked) for o in results)
         log.info("retry round %d: %d message(s), %d delivered, %d discarded, %d parked again, %d not attempted "
-                 "(still parked)", batch_id, len(rows), sum(o.counters.delivered for o in result.outcomes),
-                 sum(o.counters.discarded for o in result.outcomes), sum(len(o.parked) for o in result.outcomes),
-                 len(rows) - ended)
-        return result
+                 "(still parked)", self.batch_id, self.rows, sum(o.counters.delivered for o in results),
+                 sum(o.counters.discarded for o in results), sum(len(o.parked) for o in results), self.rows - ended)
 
 
 def _topic_of(messages: list[ParkedMessage]) -> str | None:

@@ -26,6 +26,7 @@ from herald.engine.round.pipeline import TopicPipeline
 from herald.engine.round.result import moved_rows
 from herald.engine.round.state import StateBook, SubscriptionState
 from herald.engine.triggers import checkpoint as checkpoints
+from herald.engine.triggers.catchup import CatchUp
 from herald.engine.triggers.shared_read import SharedRead, read_root
 from herald.engine.triggers.supervision import ONCE_RESTARTS, QuerySupervisor, short_error
 from herald.engine.upkeep.moves import applied_tables
@@ -123,6 +124,7 @@ class Topics:
         for state in states:
             self.book.joined(state)
         pipeline = TopicPipeline(self.context, topic, states, self.retries)
+        pipeline.catchup = CatchUp(pipeline)
         self.pipelines[topic_name] = pipeline
         pipeline.catchup.start()
         return pipeline
