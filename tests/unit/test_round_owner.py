@@ -89,7 +89,8 @@ def events(monkeypatch) -> list:
 
 def round_of(events: list, chosen, fail: str = "", refuse_pin: str = "", refuse_record: bool = False,
              pins_back_first: bool = False) -> Round:
-    context = types.SimpleNamespace(priority=Pins(events, refuse_pin), refuse_record=refuse_record)
+    context = types.SimpleNamespace(priority=Pins(events, refuse_pin), refuse_record=refuse_record,
+                                    unrecorded=lambda result, error: events.append(("unrecorded", str(error))))
     return Round(context, Source(events, chosen, fail, pins_back_first))
 
 
@@ -110,7 +111,7 @@ def test_a_round_whose_delivery_raises_is_taken_with_no_outcomes_and_never_recor
     with pytest.raises(RuntimeError, match="deliver failed"):
         round_of(events, members("a", "b"), fail="deliver").run()
     assert events == [("choose",), ("prepare", 2), ("deliver", 2), ("take", 0),
-                      ("release", "a", None), ("release", "b", None)]
+                      ("release", "a", None), ("release", "b", None), ("parking_ended", 0)]
 
 
 def test_a_round_whose_preparation_raises_frees_its_participants_and_delivers_nothing(events):
@@ -119,10 +120,34 @@ def test_a_round_whose_preparation_raises_frees_its_participants_and_delivers_no
     assert events == [("choose",), ("prepare", 1), ("take", 0), ("release", "a", None)]
 
 
-def test_pins_go_back_when_taking_the_outcomes_raises_and_the_round_is_not_recorded(events):
+def test_taking_the_outcomes_raises_the_job_stops_writing_its_participants_are_free_and_pins_go_back(events):
+    chosen = members("a", "b")
+    for member in chosen:
+        member.state.busy = True
     with pytest.raises(RuntimeError, match="take failed"):
-        round_of(events, members("a"), fail="take").run()
-    assert events == [("choose",), ("prepare", 1), ("deliver", 1), ("take", 1), ("release", "a", "news of a")]
+        round_of(events, chosen, fail="take").run()
+    assert events == [("choose",), ("prepare", 2), ("deliver", 2), ("take", 2), ("result", 2),
+                      ("unrecorded", "take failed"), ("release", "a", "news of a"), ("release", "b", "news of b"),
+                      ("parking_ended", 2)]
+    assert not any(member.state.busy for member in chosen), "none stays busy"
+
+
+def test_a_round_whose_delivery_raised_and_whose_take_raises_stops_nothing_else(events):
+    """With no outcomes to take, no position moved: the job goes on (the messages are delivered again)."""
+    source = Source(events, members("a"), fail="take")
+    source.deliver = lambda participants: (_ for _ in ()).throw(RuntimeError("deliver failed"))
+    context = types.SimpleNamespace(priority=Pins(events), refuse_record=False,
+                                    unrecorded=lambda result, error: events.append(("unrecorded",)))
+    with pytest.raises(RuntimeError, match="take failed"):
+        Round(context, source).run()
+    assert ("unrecorded",) not in events
+
+
+def test_parking_ends_when_the_round_cannot_be_described(events):
+    with pytest.raises(RuntimeError, match="result failed"):
+        round_of(events, members("a"), fail="result").run()
+    assert events[-2:] == [("result", 1), ("parking_ended", 1)]
+    assert not any(event[0] == "record" for event in events)
 
 
 def test_parking_ends_when_recording_raises(events):

@@ -93,12 +93,14 @@ class EngineContext:
                 logging.getLogger(__name__).exception("round listener %r failed", listener)
 
     def unrecorded(self, result, error: BaseException) -> None:
-        """A round's outcomes were taken into its subscriptions' states (their positions moved past its messages),
-        but its rows were not all handed to the writer, or its parked messages not to the retry driver. A later
-        round's positions would pass those messages with no row about them, so nothing more is written and the
-        job is told to stop (exit 1): the next run delivers them again from the positions written before."""
-        reason = (f"round {result.batch_id} of {result.kafka_topic} ({result.writer}) could not be recorded: "
-                  f"{type(error).__name__}: {error}")
+        """(`result`: the round's `RoundResult`, or None when it could not be built.) A round's outcomes were taken into
+        its subscriptions' states (their positions moved past its messages), but its rows were not all handed to the
+        writer, or its parked messages not to the retry driver. A later round's positions would pass those messages with
+        no row about them, so nothing more is written and the job is told to stop (exit 1): the next run delivers them
+        again from the positions written before."""
+        round_named = (f"round {result.batch_id} of {result.kafka_topic} ({result.writer})" if result is not None
+                       else "a round")
+        reason = f"{round_named} could not be recorded: {type(error).__name__}: {error}"
         logging.getLogger(__name__).error("%s; nothing more is written, the next run delivers its messages again",
                                           reason, exc_info=error)
         self.writer.abandon()

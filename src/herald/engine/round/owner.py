@@ -16,9 +16,10 @@ catch-up read of subscriptions behind it (`herald.engine.triggers.catchup`) and 
 6. `after`: what follows a recorded round (moves written, catch-up woken, the round logged).
 
 A round that raises at 2 or 3 is taken with no outcomes, its participants freed, and the error raised: nothing of
-it is recorded and its messages are delivered again. A micro-batch runs the two halves apart (`begin`, then
-`finish` once the Spark job it shares with other topics' rounds has reported, or `abandon` when that job failed);
-the other rounds `run` both at once.
+it is recorded and its messages are delivered again. Should taking its outcomes raise (at 4), its participants are
+freed too, and the job writes nothing more and stops (`EngineContext.unrecorded`), as when recording fails. A
+micro-batch runs the two halves apart (`begin`, then `finish` once the Spark job it shares with other topics'
+rounds has reported, or `abandon` when that job failed); the other rounds `run` both at once.
 """
 
 from __future__ import annotations
@@ -121,14 +122,14 @@ class Round:
         source = self.source
         results: list[SubscriptionOutcome] = []
         try:
-            results = source.deliver(self.participants)
-        finally:
-            stamp = self._end(results)
-        result = source.result(results)
-        try:
+            try:
+                results = source.deliver(self.participants)
+            finally:
+                stamp = self._end(results)
+            result = source.result(results)
             steps.record(self.context, result, time.monotonic() - self.started, stamp,
                          possible_replay=source.possible_replay, park=source.park)
-        finally:
+        finally:  # recorded or not, and however far `take` went: nothing waits for this round's parked messages
             source.parking_ended(results)
         source.after(results, self.started)
         return result
@@ -145,8 +146,25 @@ class Round:
         """Take `results` and give the pins back (in the source's order); the stamp of the round's rows."""
         if self.source.pins_back_first:
             steps.release_pins(self.context, self.participants, results)
-            return self.source.take(self.participants, results)
+            return self._take(results)
         try:
-            return self.source.take(self.participants, results)
+            return self._take(results)
         finally:
             steps.release_pins(self.context, self.participants, results)
+
+    def _take(self, results: list[SubscriptionOutcome]) -> int:
+        """`take`; should it raise, no participant stays busy, and when it was taking outcomes (some positions
+        may have moved past messages the round has no row for) the job writes nothing more and stops
+        (`EngineContext.unrecorded`): the next run delivers them again."""
+        try:
+            return self.source.take(self.participants, results)
+        except BaseException as error:
+            for member in self.participants:
+                member.state.busy = False
+            if results:
+                try:
+                    described = self.source.result(results)
+                except Exception:  # noqa: BLE001 - only for the log line: the round is not recorded anyway
+                    described = None
+                self.context.unrecorded(described, error)
+            raise
