@@ -1,6 +1,6 @@
 """Benchmark: a soak of `herald run` with bad neighbours: latency, memory, table growth, and the restart's cost.
 
-    .venv/bin/python tests/benchmarks/soak.py [--minutes 20] [--rate 200] [--keep] [--lazy-heap]
+    .venv/bin/python tests/benchmarks/soak.py [--minutes 20] [--rate 200] [--keep] [--lazy-heap] [--malloc-arena-max N]
 
 What it runs: Apache Kafka (`tests/support/kafka_broker.py`, the jars `make install` fetched), three JSON topics of
 2 partitions, and one `herald run --conf DIR` in its own process on the users' stack: Spark's Kafka source
@@ -272,12 +272,15 @@ def write_conf(root: Path, bootstrap: str, subscribers: dict[str, Subscriber], s
 class Job:
     """One `herald run --conf DIR` process (its own process group), its log in `log`."""
 
+    env: dict[str, str] = {}  # added to the job's environment (its JVM inherits it)
+
     def __init__(self, conf: Path, log: Path) -> None:
         self.log = log
         self.launched = time.monotonic()
         with open(log, "wb") as out:
             self.process = subprocess.Popen([sys.executable, "-m", "herald", "run", "--conf", str(conf)], stdout=out,
-                                            stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+                                            stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                            env={**os.environ, **Job.env})
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -548,8 +551,12 @@ def main() -> None:
     parser.add_argument("--lazy-heap", action="store_true",
                         help="leave the driver JVM's heap to grow as the JVM likes (default: committed and touched "
                              "at its start, so that RSS growth is what grows, not the heap filling up to -Xmx)")
+    parser.add_argument("--malloc-arena-max", type=int, default=None,
+                        help="MALLOC_ARENA_MAX for the job's processes (glibc's arenas; default: glibc's own)")
     args = parser.parse_args()
     jvm = None if args.lazy_heap else TOUCHED_HEAP
+    if args.malloc_arena_max is not None:
+        Job.env = {"MALLOC_ARENA_MAX": str(args.malloc_arena_max)}
 
     root = Path(tempfile.mkdtemp(prefix="herald-soak-bench-"))
     broker = KafkaBroker(root / "kafka")
@@ -571,7 +578,9 @@ def main() -> None:
               flush=True)
         publisher = Publisher(broker.bootstrap_servers, args.rate)
         publisher.start()
-        print(f"driver JVM options: {jvm or 'Herald local defaults (the heap grows as the JVM likes)'}", flush=True)
+        print(f"driver JVM options: {jvm or 'Herald local defaults (the heap grows as the JVM likes)'}"
+              + (f"; MALLOC_ARENA_MAX={args.malloc_arena_max}" if args.malloc_arena_max is not None else ""),
+              flush=True)
         job = Job(conf, root / "soak.log")
         jobs.append(job)
         ready_by = time.monotonic() + 900
