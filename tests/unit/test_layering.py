@@ -81,11 +81,13 @@ def test_imports_go_down_the_layers_only():
     assert upward == set()
 
 
-# Inside engine/ (docs/design.md, "Where things are"): runner.py at the top, then the wings, each importing only
-# from a lower one or itself; context.py (what every round shares) sits beside upkeep/, below the rounds that get
-# it and above the endpoints it asks. Measured when the wings were made, not chosen.
+# Inside engine/ (docs/design.md, "Where things are"): runner.py at the top with what only it asks (a start's
+# reads, the end of a --once run), then the wings, each importing only from a lower one or itself; context.py
+# (what every round shares) sits beside upkeep/, below the rounds that get it and above the endpoints it asks.
+# Measured when the wings were made, not chosen.
 ENGINE_LAYERS = (
     ("runner",),
+    ("stored_state", "once"),
     ("triggers",),
     ("round",),
     ("context", "upkeep"),

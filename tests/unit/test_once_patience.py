@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from herald.config import load_config
 from herald.delivery.flow import FlowMode, FlowSettings, FlowState
+from herald.engine.once import lag, throttled
 from herald.engine.round.state import SubscriptionState
-from herald.engine.runner import lag, throttled
 from tests.support.config_files import write_conf
 
 FLOW = FlowSettings(slow_rate_per_s=1.0, heartbeat_interval_s=60.0)

@@ -95,23 +95,23 @@ def test_once_stops_for_an_ordered_subscription_only_when_every_partition_behind
     from herald.config import Subscription
     from herald.delivery.message import RetryState
     from herald.engine.context import now_ms
+    from herald.engine.once import held
     from herald.engine.round.state import SubscriptionState
-    from herald.engine.runner import _held
 
     now = now_ms()
     batch = Subscription(topicName="g.t", name="b", endpoint="http://127.0.0.1:9/", deliveryType="BATCH",
                          subscriptionPolicy={"batchSize": 10})
     retried_long = RetryState(attempts=3, first_read_ms=now - 20_000, due_ms=now + 5_000, batch_last_offset=109)
     state = SubscriptionState(batch, positions={0: 100, 1: 50}, carried={(0, 100): retried_long})
-    assert _held(state, {0: 200, 1: 50}, patience_s=10), "its only partition behind keeps failing"
-    assert not _held(state, {0: 200, 1: 60}, patience_s=10), "partition 1 is behind with nothing in its way"
-    assert not _held(state, {0: 200, 1: 50}, patience_s=30), "not retried for long enough yet"
+    assert held(state, {0: 200, 1: 50}, patience_s=10), "its only partition behind keeps failing"
+    assert not held(state, {0: 200, 1: 60}, patience_s=10), "partition 1 is behind with nothing in its way"
+    assert not held(state, {0: 200, 1: 50}, patience_s=30), "not retried for long enough yet"
     never_sent = RetryState(attempts=0, first_read_ms=now - 20_000, due_ms=now, batch_last_offset=109)
     state.carried = {(0, 100): never_sent}
-    assert not _held(state, {0: 200, 1: 50}, patience_s=10), "a batch closed but not attempted yet holds nothing"
+    assert not held(state, {0: 200, 1: 50}, patience_s=10), "a batch closed but not attempted yet holds nothing"
     serial = Subscription(topicName="g.t", name="s", endpoint="http://127.0.0.1:9/")
     unordered = SubscriptionState(serial, positions={0: 100}, carried={(0, 100): retried_long})
-    assert not _held(unordered, {0: 200}, patience_s=10), "an unordered subscription parks instead"
+    assert not held(unordered, {0: 200}, patience_s=10), "an unordered subscription parks instead"
 
 
 def test_a_partition_added_to_the_topic_is_read_from_its_start_and_never_skipped(tmp_path):

@@ -1,9 +1,10 @@
 """Driver side; see docs/design.md §2-§10 and its module map ("Where things are").
 
-`runner` (`Runner`: `herald run`, wires the rest together) and `context` (`EngineContext`: what every round
-shares) sit here; the rest is in four wings, listed top to bottom: a module imports only from its own wing or
-one below it (runner > triggers > round > context, upkeep > endpoints; tests/unit/test_layering.py, which names
-the two imports that go up):
+`runner` (`Runner`: `herald run`, wires the rest together), what only it asks (`stored_state`: a start's
+reads, at once; `once`: when a --once run is done) and `context` (`EngineContext`: what every round shares) sit
+here; the rest is in four wings, listed top to bottom: a module imports only from its own wing or one below it
+(runner > stored_state, once > triggers > round > context, upkeep > endpoints; tests/unit/test_layering.py,
+which names the one import that goes up):
 
 - `triggers`, what starts rounds, and the topics' supervision: `shared_read` (`SharedRead`, one query for every
   topic), `topics` and `supervision` (the set of topics, restarts), `catchup`, `retry_driver` (`RetryDriver`)

@@ -23,52 +23,28 @@ import logging
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-
-import pyarrow as pa
 
 from herald.config import HeraldConfig
-from herald.delivery.flow import FlowMode, FlowSettings
+from herald.delivery.flow import FlowMode
 from herald.engine.context import EngineContext, now_ms
+from herald.engine.once import held, lag, rate_of, throttled
 from herald.engine.round.pipeline import TopicPipeline
 from herald.engine.round.positions import behind
-from herald.engine.round.state import StateBook, SubscriptionState, stored_held, stored_offsets, stored_parked
+from herald.engine.round.state import StateBook
+from herald.engine.stored_state import StoredState
 from herald.engine.triggers.retry_driver import RetryDriver
 from herald.engine.triggers.supervision import QuerySupervisor
 from herald.engine.triggers.topics import Topics, by_topic
 from herald.engine.upkeep.control import ControlServer
-from herald.engine.upkeep.moves import Move, MoveWatcher, unapplied_moves
+from herald.engine.upkeep.moves import MoveWatcher
 from herald.engine.upkeep.signals import JVM, PYTHON, JvmSignals, StopRequests
 from herald.session import get_or_create_session, require_classic_session
 from herald.source.kafka_offsets import partition_watermarks
 from herald.source.stream import choose_connector
-from herald.storage import TableStore, TableWriter, open_store
+from herald.storage import TableWriter, open_store
 from herald.storage.lease import LeaseHeld, StorageLease
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StoredState:
-    """What a starting job reads of its tables before its first round: the subscriptions' positions and the
-    Kafka topic ids their rows name (`stored_offsets`), the messages their positions stop at (`stored_held`),
-    the parked messages (`stored_parked`) and the moves no job applied yet (`unapplied_moves`)."""
-
-    offsets: tuple[dict, dict]
-    held: dict
-    parked: pa.Table
-    moves: list[Move]
-
-    @classmethod
-    def read(cls, store: TableStore) -> StoredState:
-        """The four reads at once, each a query of its own: on delta-spark a first query of a table in a new JVM
-        costs seconds, and one after the other they delayed a restart's first round by their sum (the restart
-        measured in tests/benchmarks/README.md, soak.py). This job holds the lease: nothing else writes them."""
-        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="herald-start-read") as reads:
-            offsets, held = reads.submit(stored_offsets, store), reads.submit(stored_held, store)
-            parked, moves = reads.submit(stored_parked, store), reads.submit(unapplied_moves, store)
-            return cls(offsets.result(), held.result(), parked.result(), moves.result())
 
 
 class Runner:
@@ -362,7 +338,7 @@ class Runner:
                     learnt_at_pin = pins.get(state.id, state.pin_id) == state.pin_id
                     if learnt_at_pin and throttled(state, frontier, deadline_s, flow):
                         continue  # its round in progress ends at its deadline when the run stops
-                    if state.busy or (behind(state.positions, frontier) and not _held(state, frontier, deadline_s)
+                    if state.busy or (behind(state.positions, frontier) and not held(state, frontier, deadline_s)
                                       and not self.context.discovery.holds(state.id)):  # no endpoint: next run
                         return False
         return (self.retries.tried_since(self._started_ms, int(deadline_s * 1000))
@@ -433,7 +409,7 @@ class Runner:
                         why = "it has no endpoint discovered (its lookups named none)"
                     elif state.flow.mode is not FlowMode.NORMAL:
                         why = (f"flow control: its subscriber keeps failing and is sent to at "
-                               f"{_rate_of(state, self.context.flow_settings):g} message(s) a second "
+                               f"{rate_of(state, self.context.flow_settings):g} message(s) a second "
                                f"({state.flow.mode.value})")
                     else:
                         why = "a message it is still retrying"
@@ -452,44 +428,3 @@ class Runner:
                 print(f"topic {topic_name} could not be finished: {error} (the next run continues from its "
                       "positions)")
         return len(failed)
-
-
-def throttled(state: SubscriptionState, frontier: dict[int, int], patience_s: float, flow: FlowSettings) -> bool:
-    """A subscription behind `frontier` that flow control slowed (its subscriber keeps failing) so much that
-    what it has left would take longer than `patience_s` (seconds) at its rate now: --once counts it as held
-    until the next run, instead of probing a failing subscriber once a minute for days. (A subscription at its
-    hard `rate` is not throttled: the run delivers what was there, at the pace it was asked for.)"""
-    if state.flow.mode is FlowMode.NORMAL:
-        return False
-    left = lag(state.positions, frontier)
-    return left > 0 and left / _rate_of(state, flow) > patience_s
-
-
-def _rate_of(state: SubscriptionState, flow: FlowSettings) -> float:
-    """Messages a second flow control lets a slowed subscription send now."""
-    if state.flow.mode is FlowMode.HEARTBEAT:
-        return 1.0 / flow.heartbeat_interval_s
-    return state.flow.rate_per_s or flow.slow_rate_per_s
-
-
-def lag(positions: dict[int, int], frontier: dict[int, int]) -> int:
-    """Offsets between a subscription's positions and `frontier`."""
-    return sum(max(0, end - positions.get(partition, end)) for partition, end in frontier.items())
-
-
-def _held(state: SubscriptionState, frontier: dict[int, int], patience_s: float) -> bool:
-    """An ordered subscription whose every partition behind `frontier` is stopped at a message (or batch) it has
-    attempted and kept retrying for longer than `patience_s` since its first read: --once does not wait out its
-    TTL. A message not attempted yet (a batch closed as the round ended, a subscription slowed by flow control)
-    holds nothing: it is sent by the next catch-up round."""
-    if not state.subscription.delivery_spec.ordered:
-        return False
-    carried, now = state.live_carried(), now_ms()
-    for partition, end in frontier.items():
-        position = state.positions.get(partition, end)
-        if position >= end:
-            continue
-        blocking = carried.get((partition, position))
-        if blocking is None or blocking.attempts == 0 or now - blocking.first_read_ms < patience_s * 1000:
-            return False
-    return True

@@ -177,7 +177,7 @@ class StateBook:
     def __init__(self, store: TableStore, writer: TableWriter, offsets: tuple[dict, dict] | None = None,
                  held: dict | None = None) -> None:
         """offsets, held: `stored_offsets(store)` and `stored_held(store)` when the caller read them already (a
-        starting job reads its tables at once: `herald.engine.runner.StoredState`); else they are read here."""
+        starting job reads its tables at once: `herald.engine.stored_state.StoredState`); else they are read here."""
         self.writer = writer
         self._stored, self._stored_ids = offsets if offsets is not None else stored_offsets(store)
         self._held = held if held is not None else stored_held(store)
