@@ -19,7 +19,8 @@ import json
 
 import pandas as pd
 
-from herald.storage.store import DeltaRsStore, table_root
+from herald.storage.reads import read_table as read_delta_table
+from herald.storage.store import table_root
 from herald.storage.tables import ADVISORIES, METRICS, TRACKING, UNDELIVERED
 
 ALL = "all"
@@ -38,7 +39,7 @@ def read_table(storage_path: str, table: str, spark=None, storage_options: dict 
             return spark.read.format("delta").load(path).toPandas()
         except Exception:  # noqa: BLE001 - no Delta in this session (or no table yet): delta-rs reads it
             pass
-    return DeltaRsStore.read_table(path, table, None, storage_options).to_pandas()
+    return read_delta_table(path, table, None, storage_options).to_pandas()
 
 
 def _window(frame: pd.DataFrame, subscription: str, time_column: str, window_hours: float | None,

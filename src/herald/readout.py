@@ -15,7 +15,7 @@ from typing import Any
 
 from herald.config import HeraldConfig, Subscription
 from herald.storage import DeltaRsStore
-from herald.storage.store import sql_string
+from herald.storage.reads import sql_string
 from herald.storage.tables import ADVISORIES, METRICS, OFFSETS, UNDELIVERED
 
 

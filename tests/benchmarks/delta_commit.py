@@ -55,7 +55,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from herald.session import get_or_create_session
-    from herald.storage.store import Slice, SparkDeltaStore
+    from herald.storage.delta_spark import SparkDeltaStore
+    from herald.storage.store import Slice
     from herald.storage.tables import OFFSETS
 
     spark = get_or_create_session("local[2]", {}, app_name="herald-delta-commit-bench")

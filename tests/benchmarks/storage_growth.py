@@ -271,7 +271,7 @@ def main() -> None:
     try:
         if not args.no_spark:
             from herald.session import get_or_create_session
-            from herald.storage.store import SparkDeltaStore
+            from herald.storage.delta_spark import SparkDeltaStore
 
             started = time.monotonic()
             # Delta rebuilds a table's state in 50 tasks by default: minutes a commit on 2 busy cores, same bytes

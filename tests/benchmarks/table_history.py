@@ -178,7 +178,7 @@ def main() -> None:
         stores = [("delta-rs", before, after)]
         if args.spark:
             from herald.session import get_or_create_session
-            from herald.storage.store import SparkDeltaStore
+            from herald.storage.delta_spark import SparkDeltaStore
 
             spark = get_or_create_session("local[2]", {"spark.sql.shuffle.partitions": "2",
                                                        "spark.databricks.delta.snapshotPartitions": "2"},

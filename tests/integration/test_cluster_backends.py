@@ -17,7 +17,8 @@ from herald.config import load_config
 from herald.engine.round.result import position_rows
 from herald.engine.runner import Runner
 from herald.source.stream import SPARK_KAFKA_CLASS, choose_connector
-from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore, open_store
+from herald.storage.delta_spark import DELTA_SPARK_CLASS, SparkDeltaStore
+from herald.storage.store import Slice, open_store
 from herald.storage.tables import OFFSETS
 from tests.support.herald_env import produce, require_jars, write_conf
 from tests.support.subscriber import ScriptedSubscriber

@@ -275,7 +275,7 @@ def test_maintenance_forgets_the_rows_of_leases_that_ended_a_day_ago(engine, tmp
     monkeypatch.setattr(lease_module, "time", _LeaseTime())  # the watch of the expired row takes no real time
 
     if engine == "spark":
-        from herald.storage.store import DELTA_SPARK_CLASS, SparkDeltaStore
+        from herald.storage.delta_spark import DELTA_SPARK_CLASS, SparkDeltaStore
         from tests.support.herald_env import require_jars
 
         spark = request.getfixturevalue("spark")

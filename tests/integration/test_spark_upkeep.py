@@ -11,9 +11,10 @@ import pytest
 from deltalake import DeltaTable
 
 from herald.engine.round.result import position_rows
+from herald.storage.delta_spark import DELTA_SPARK_CLASS, SparkDeltaStore
 from herald.storage.local_files import log_files
 from herald.storage.properties import table_properties
-from herald.storage.store import DELTA_SPARK_CLASS, Slice, SparkDeltaStore
+from herald.storage.store import Slice
 from herald.storage.tables import OFFSETS, OFFSETS_SCHEMA
 from tests.support.herald_env import require_jars
 
@@ -126,7 +127,7 @@ def test_a_storage_path_written_as_a_file_uri_gets_its_delta_spark_tables(spark,
 def test_the_checksum_setting_a_session_made_before_the_store_is_kept(spark, tmp_path):
     """A notebook that wants delta-spark's `.crc` files sets it in its session: the store leaves it alone, and
     turns it off only where nothing set it (no table is written here: the setting alone is looked at)."""
-    from herald.storage.store import CHECKSUM_SETTING
+    from herald.storage.delta_spark import CHECKSUM_SETTING
 
     before = spark.conf.get(CHECKSUM_SETTING, None)
     try:

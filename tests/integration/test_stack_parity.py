@@ -26,7 +26,7 @@ from herald.config import load_config
 from herald.engine.runner import Runner
 from herald.engine.upkeep.moves import retransmit
 from herald.storage import DeltaRsStore
-from herald.storage.store import DELTA_SPARK_CLASS
+from herald.storage.delta_spark import DELTA_SPARK_CLASS
 from herald.storage.tables import RETRIES
 from tests.integration.test_avro_parity import invalid
 from tests.support.avro_topics import ORDER, order, produce_raw

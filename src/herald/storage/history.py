@@ -42,7 +42,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from herald.storage.store import TableStore, sql_string
+from herald.storage.reads import sql_string
+from herald.storage.store import TableStore
 from herald.storage.tables import HELD, METRICS, OFFSETS, PARKED, RETRIES, TRACKING
 
 log = logging.getLogger(__name__)
