@@ -14,7 +14,7 @@ from herald.delivery.report import Parked
 from herald.engine.round import steps
 from herald.engine.round.result import CATCHUP, RETRY, STREAM, RoundResult, SubscriptionOutcome, stub, urgent
 from herald.storage.tables import DELIVERED, DISCARDED
-from tests.unit.test_deadletter import discarded
+from tests.unit.test_dead_letters import discarded
 
 SUBSCRIPTION = Subscription(topicName="g.t", name="s", endpoint="http://127.0.0.1:9/")
 
