@@ -46,7 +46,7 @@ def test_a_micro_batch_numbers_its_participants_by_their_place_among_the_project
                                                                                                     sitting_out):
     pipeline = _pipeline(_config(tmp_path), sitting_out)
     projected = pipeline.subscriptions
-    members = pipeline._participants(projected, {0: (0, 10)})
+    members = pipeline.claim_participants(projected, {0: (0, 10)})
     assert sorted(m.state.subscription.name for m in members) == sorted({"alpha", "beta", "gamma"} - sitting_out)
     for member in members:
         assert projected[member.index] is member.state.subscription

@@ -47,7 +47,7 @@ class BatchRound(TopicRound):
 
     @property
     def possible_replay(self) -> bool:
-        return self.pipeline._replay_possible
+        return self.pipeline.replay_possible
 
     def choose(self) -> list[Participant]:
         pipeline, ranges = self.pipeline, self.ranges
@@ -58,7 +58,7 @@ class BatchRound(TopicRound):
                     state.positions.setdefault(partition, 0)
                 state.topic_end = ends
             self.subscriptions = pipeline.subscriptions
-            participants = pipeline._participants(self.subscriptions, ranges)  # marked busy: `take` frees them
+            participants = pipeline.claim_participants(self.subscriptions, ranges)  # marked busy: `take` frees them
             pipeline.batch_in_progress = True
             self.topic_id = pipeline.topic_id
         return participants
@@ -87,7 +87,7 @@ class BatchRound(TopicRound):
             try:
                 return pipeline.apply(participants, results, self.topic_id)
             finally:
-                pipeline._set_frontier(self.ranges)
+                pipeline.set_frontier(self.ranges)
                 pipeline.batch_in_progress = False
 
     def drop(self, participants: list[Participant]) -> None:  # the frontier does not move
@@ -105,7 +105,7 @@ class BatchRound(TopicRound):
 
     def after(self, results: list[SubscriptionOutcome], started: float) -> None:
         pipeline = self.pipeline
-        pipeline._replay_possible = False
+        pipeline.replay_possible = False
         pipeline.healthy = True
         pipeline.round_succeeded()
         pipeline.flush_moves()

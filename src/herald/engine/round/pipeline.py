@@ -71,7 +71,7 @@ class TopicPipeline:
         self._claimed: dict[int, list[Parked]] = {}
         self._tokens = itertools.count(1)
         self.read = None  # the shared read (engine.triggers.shared_read.SharedRead) reading the topic now, if any
-        self._replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
+        self.replay_possible = True  # the first batch of a read may be a replay: clear its slices in full
         self.catchup = None  # its `CatchUp` (herald.engine.triggers.catchup), made and started by `Topics`
         self.round_error: str | None = None  # why its last round failed (its subscriptions catch up on it)
         self.failed_rounds = 0  # its rounds (micro-batch or catch-up) that failed since one succeeded
@@ -296,7 +296,7 @@ class TopicPipeline:
         with self.lock:
             self.read = read
             self.frontier = dict(frontier)
-            self._replay_possible = True
+            self.replay_possible = True
             self.healthy = False
             for state in self.states.values():
                 state.topic_end = self.frontier
@@ -308,14 +308,14 @@ class TopicPipeline:
         end (a replayed batch whose start is unknown: subscriptions behind it catch up), and the next batch is
         not a replay for it."""
         with self.lock:
-            self._set_frontier(ranges)
-        self._replay_possible = False
+            self.set_frontier(ranges)
+        self.replay_possible = False
 
     def round_failed(self, ranges: dict[int, tuple[int, int]], error: str) -> None:
         """Its round of a micro-batch failed: the read is past `ranges` anyway; the subscriptions that did not
         record them are behind and catch up on them."""
         with self.lock:
-            self._set_frontier(ranges)
+            self.set_frontier(ranges)
         self.round_error = error
         self.failed_rounds += 1
 
@@ -347,14 +347,14 @@ class TopicPipeline:
             log.info("%s batch %d: not delivered, the job is stopping", self.kafka_topic, batch_id)
             return None
         if not may_replay:
-            self._replay_possible = False
-        if self._replay_possible and self._recorded_before(batch_id, writer):
+            self.replay_possible = False
+        if self.replay_possible and self._recorded_before(batch_id, writer):
             # written whole before a crash or a stop that came before Spark's commit: its subscriptions are past
             # it (those that are not catch up); delivering it again would replace its rows with an empty round's
             log.info("%s batch %d: recorded before the restart; not delivered again", self.kafka_topic, batch_id)
             with self.lock:
-                self._set_frontier(ranges)
-            self._replay_possible = False
+                self.set_frontier(ranges)
+            self.replay_possible = False
             return None
         batch = BatchRound(self, batch_id, ranges, writer, tasks)
         batch.round.begin()
@@ -375,7 +375,7 @@ class TopicPipeline:
         batch.round.abandon()
         self.flush_moves()
 
-    def _set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
+    def set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
         """(lock held) The query is now at the end of `ranges`; the subscriptions behind it catch up."""
         self.frontier = {p: e for p, (_, e) in ranges.items()}
         for state in self.states.values():  # stopped early, or added (activated) during the batch
@@ -394,8 +394,9 @@ class TopicPipeline:
             return True
         return self.context.store.sql(OFFSETS, f"SELECT * FROM {OFFSETS} WHERE {part.predicate} LIMIT 1").num_rows > 0
 
-    def _participants(self, subscriptions: list[Subscription], ranges: dict[int, tuple[int, int]]) -> list[Participant]:
-        """The subscriptions at the query's position (lock held); those behind are sent to catch up."""
+    def claim_participants(self, subscriptions: list[Subscription],
+                           ranges: dict[int, tuple[int, int]]) -> list[Participant]:
+        """The subscriptions at the query's position (lock held), marked busy; those behind are sent to catch up."""
         chosen = []
         for index, subscription in enumerate(subscriptions):
             state = self.states[subscription.id]
