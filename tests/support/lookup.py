@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.http_server import LocalHttpServer
 
 
 class Lookup:
@@ -37,7 +39,7 @@ class Lookup:
             def log_message(self, *args) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = LocalHttpServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/lookup?topic=orders"
 

@@ -18,10 +18,11 @@ import secrets
 import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from oauthlib.oauth2 import BackendApplicationServer, LegacyApplicationServer, RequestValidator
 
+from tests.support.http_server import LocalHttpServer
 from tests.support.subscriber import _client_cn, _TlsServer
 
 
@@ -110,7 +111,7 @@ class TokenEndpoint:
             def log_message(self, *args):
                 pass
 
-        self._server = (_TlsServer if tls is not None else ThreadingHTTPServer)(("127.0.0.1", 0), Handler)
+        self._server = (_TlsServer if tls is not None else LocalHttpServer)(("127.0.0.1", 0), Handler)
         if tls is not None:
             self._server.tls, self._server.tls_errors = tls, self.tls_errors
         self._server.daemon_threads = True

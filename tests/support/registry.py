@@ -14,9 +14,11 @@ import json
 import re
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import fastavro
+
+from tests.support.http_server import LocalHttpServer
 
 
 def avro_bytes(schema: dict, record: dict) -> bytes:
@@ -39,7 +41,7 @@ class SchemaRegistryServer:
         self.failed: Counter[str] = Counter()  # requests answered with `fail_next`'s status, by "METHOD path"
         self._failures: list[tuple[re.Pattern, int]] = []  # (path pattern, status), one per request to fail
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = LocalHttpServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
 
     @property

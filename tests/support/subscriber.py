@@ -24,7 +24,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.http_server import LocalHttpServer
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class ScriptedSubscriber:
         self._open = 0
         self._attempts: dict[tuple[str, bytes], int] = defaultdict(int)
         self._lock = threading.Lock()
-        self._server = (_TlsServer if tls is not None else ThreadingHTTPServer)(("127.0.0.1", 0), self._handler_class())
+        self._server = (_TlsServer if tls is not None else LocalHttpServer)(("127.0.0.1", 0), self._handler_class())
         if tls is not None:
             self._server.tls, self._server.tls_errors = tls, self.tls_errors
         self._server.daemon_threads = True
@@ -175,7 +177,7 @@ def _client_cn(connection) -> str | None:
     return names[0] if names else None
 
 
-class _TlsServer(ThreadingHTTPServer):
+class _TlsServer(LocalHttpServer):
     """HTTPS: the accepted socket is wrapped (and its handshake run) in the connection's own thread, so a client
     that fails its handshake holds up no other."""
 
