@@ -102,9 +102,15 @@ class TopicPipeline:
             self.states[state.id] = state
 
     def remove(self, subscription_id: str) -> SubscriptionState | None:
-        """Stop delivering a subscription (suspended or deleted); a round delivering it now finishes first."""
+        """Stop delivering a subscription (suspended or deleted); a round delivering it now finishes first. A
+        state that names no topic id takes the one the job knows now, which its positions are in (`_reset_of`
+        reads it so while it is here): should the topic be created again before it comes back, the id it brings
+        back tells its positions are in the old log."""
         with self.lock:
-            return self.states.pop(subscription_id, None)
+            state = self.states.pop(subscription_id, None)
+            if state is not None and state.topic_id is None:
+                state.topic_id = self.topic_id
+            return state
 
     def move(self, subscription_id: str, move) -> bool:
         """Move a subscription's position (a retransmission); at once when no round delivers it, else when

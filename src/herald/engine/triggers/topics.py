@@ -425,8 +425,8 @@ class Topics:
         pipeline.stop()
         pipeline.catchup.stop()
         self.supervisor.forget(topic_name)
-        for state in pipeline.states.values():
-            self.book.rest(state)
+        for subscription_id in list(pipeline.states):
+            self.book.rest(pipeline.remove(subscription_id))
 
 
 def by_topic(subscriptions: list[Subscription]) -> dict[str, list[Subscription]]:

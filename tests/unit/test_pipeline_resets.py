@@ -1,0 +1,28 @@
+"""A topic's pipeline (`TopicPipeline`) finds a reset for a subscription that rested while its topic was created
+again (engine/round/resets.py; docs/design.md §8): the real pipeline, StateBook and retry driver on delta-rs
+tables, no Spark."""
+
+from __future__ import annotations
+
+from tests.support.rounds import TOPIC, job
+
+
+def test_a_subscription_suspended_before_its_topic_was_created_again_starts_over_when_it_comes_back(tmp_path):
+    """`a` joined while Kafka gave no topic id, so its state names none; `b` taught the job the id. `a` rests
+    (suspended), the topic is created again, `b` goes on in the new log and the job learns the new id. When `a`
+    comes back, its positions are in the old log: it goes on from the new log's start instead of skipping the
+    new log's first 20 offsets as if it had read them."""
+    pipeline = job(tmp_path, partitions=1, names=("a", "b"), marks={0: (0, 20)})
+    a, b = (pipeline.states[f"{TOPIC}.{name}"] for name in ("a", "b"))
+    a.positions, b.positions = {0: 20}, {0: 20}
+    pipeline.check_log({0: (0, 20)}, "old-id", states=[b])
+    assert a.topic_id is None and b.topic_id == "old-id" == pipeline.topic_id
+
+    resting = pipeline.remove(a.id)
+    pipeline.check_log({0: (0, 30)}, "new-id")  # the topic created again, and 30 messages in it already
+    assert b.positions == {0: 0} and pipeline.topic_id == "new-id"
+
+    pipeline.add(resting, {0: (0, 30)}, "new-id")
+    assert resting.positions == {0: 0}, "its position was in the old log"
+    assert resting.topic_id == "new-id"
+    pipeline.context.writer.close(10.0)
