@@ -63,31 +63,3 @@ def test_describe_names_the_topic_the_partitions_and_both_offsets():
     text = reset.describe()
     assert "orders" in text and "created again" in text and "A -> B" in text and "0: 20 -> 0..10" in text
     assert PartitionReset(0, 20, 0, 10, True).lost(20) is None
-
-
-def test_a_topic_created_again_with_fewer_partitions_resets_the_partitions_it_no_longer_has():
-    """Its new id says the topic was created again: what was not read of a partition it no longer has is lost, and
-    the position goes back to 0, so a partition added later under that number is read from its start instead of
-    skipped up to the old position."""
-    reset = find_reset("t", {0: 20, 1: 9, 2: 7}, "A", {0: (0, 30), 1: (0, 2)}, "B", 1)
-    assert reset is not None and set(reset.partitions) == {0, 1, 2}
-    gone = reset.partitions[2]
-    assert (gone.known_end, gone.low, gone.high, gone.recreated, gone.gone) == (7, 0, 0, True, True)
-    assert not reset.partitions[0].gone and not reset.partitions[1].gone
-    outcome = reset_subscription(reset, {0: 20, 1: 9, 2: 4}, carried={(2, 5), (0, 19)})
-    assert outcome.positions == {0: 0, 1: 0, 2: 0}
-    assert (2, 4, 7) in outcome.lost and (2, 5) in outcome.dropped
-    assert "2: 7 -> gone" in reset.describe()
-
-
-def test_without_ids_a_partition_missing_from_kafkas_answer_decides_nothing():
-    """A broker's metadata can lag behind partitions just added: without an id to say the topic is new, a
-    partition it does not list is neither lost nor reset."""
-    reset = find_reset("t", {0: 20, 2: 7}, None, {0: (0, 30), 1: (0, 2)}, None, 1)
-    assert reset is None
-    assert find_reset("t", {0: 20, 2: 7}, "A", {0: (0, 30)}, "A", 1) is None, "the same topic: nothing gone"
-
-
-def test_a_topic_that_does_not_exist_now_is_no_reset_yet():
-    """Between a deletion and a creation the topic has no partitions at all: nothing is decided until it is back."""
-    assert find_reset("t", {0: 20, 1: 9}, "A", {}, None, 1) is None

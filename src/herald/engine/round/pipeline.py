@@ -47,12 +47,6 @@ from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 log = logging.getLogger(__name__)
 
 
-def within_log(offsets: dict[int, int], marks: dict[int, tuple[int, int]], gone: set[int]) -> dict[int, int]:
-    """`offsets` (partition -> offset) kept within Kafka's log of the topic now (`marks`: partition -> (low,
-    high)): none past a partition's end, none of a partition `gone` from the topic (`PartitionReset.gone`)."""
-    return {p: min(offset, marks[p][1]) if p in marks else offset for p, offset in offsets.items() if p not in gone}
-
-
 class TopicPipeline:
     """`retries`: the retry driver (`herald.engine.triggers.retry_driver.RetryDriver`): it gets the rounds' parked
     messages and says how many of a subscription's in-flight slots they hold."""
@@ -180,9 +174,8 @@ class TopicPipeline:
             if resets:
                 log.warning("%s; %d subscription(s) go on from the new offsets; what they had not read of the old "
                             "ones is recorded LOST", resets[0].describe(), len(resets))
-            gone = {p for reset in resets for p, part in reset.partitions.items() if part.gone}
             if self.frontier is not None:
-                self.frontier = within_log(self.frontier, marks, gone)
+                self.frontier = {p: min(end, marks[p][1]) if p in marks else end for p, end in self.frontier.items()}
             for state in states:
                 reset = found.get(state.id)
                 if reset is None:
@@ -196,7 +189,7 @@ class TopicPipeline:
                     self._reset(state, pending)
             self.topic_id = topic_id or self.topic_id
         self.flush_moves()
-        return None if read_at is None else within_log(read_at, marks, gone)
+        return None if read_at is None else {p: min(o, marks[p][1]) if p in marks else o for p, o in read_at.items()}
 
     def went_back(self, ends: dict[int, int]) -> bool:
         """True when a micro-batch ends a partition below the read's frontier: Kafka's offsets went back, and

@@ -32,7 +32,6 @@ class PartitionReset:
     low: int
     high: int
     recreated: bool  # a new log: everything starts over at `low`; False: the old log cut at `high`
-    gone: bool = False  # the topic created again has no such partition (low = high = 0): one added later starts at 0
 
     @property
     def first_gone(self) -> int:
@@ -67,8 +66,7 @@ class TopicReset:
         what = (f"was created again (topic id {self.was_id} -> {self.topic_id})"
                 if self.was_id and self.topic_id and self.was_id != self.topic_id
                 else "went back (deleted and created again, or its log cut)")
-        parts = ", ".join(f"{p.partition}: {p.known_end} -> " + ("gone" if p.gone else f"{p.low}..{p.high}")
-                          for p in self.partitions.values())
+        parts = ", ".join(f"{p.partition}: {p.known_end} -> {p.low}..{p.high}" for p in self.partitions.values())
         return f"Kafka topic {self.kafka_topic} {what}; partition: known end -> offsets now: {parts}"
 
 
@@ -77,14 +75,10 @@ def find_reset(kafka_topic: str, known_ends: Mapping[int, int], known_id: str | 
     """The reset of `kafka_topic`, or None.
 
     known_ends: partition -> how far the job knew the partition's log went (exclusive); known_id: the topic id
-    the job knew; marks: partition -> (low, high) now (every partition of the topic; none while it does not
-    exist, which decides nothing); topic_id: the topic's id now. A changed id resets every partition (a new
-    topic); with no id to compare, a partition resets when its end is below what the job knew (taken as a new
-    log: the subscriptions start over at its start, so nothing new is skipped); with the same id, such a
-    partition was cut (it goes on from the cut). When the id says the topic was created again, a partition the
-    job knew and the new topic does not have (it has fewer) is `gone`: its position goes back to 0, so that a
-    partition added later under its number is read from its start. Without ids a partition missing from `marks`
-    decides nothing: a broker's metadata can lag behind partitions just added."""
+    the job knew; marks: partition -> (low, high) now; topic_id: the topic's id now. A changed id resets every
+    partition (a new topic); with no id to compare, a partition resets when its end is below what the job knew
+    (taken as a new log: the subscriptions start over at its start, so nothing new is skipped); with the same
+    id, such a partition was cut (it goes on from the cut)."""
     recreated_topic = bool(known_id and topic_id and known_id != topic_id)
     same_log = bool(known_id and topic_id and known_id == topic_id)
     partitions = {}
@@ -92,10 +86,6 @@ def find_reset(kafka_topic: str, known_ends: Mapping[int, int], known_id: str | 
         known_end = known_ends.get(partition, 0)
         if recreated_topic or high < known_end:
             partitions[partition] = PartitionReset(partition, known_end, low, high, recreated=not same_log)
-    if marks and recreated_topic:
-        for partition, known_end in sorted(known_ends.items()):
-            if partition not in marks and known_end > 0:
-                partitions[partition] = PartitionReset(partition, known_end, 0, 0, recreated=True, gone=True)
     if not partitions:
         return None
     return TopicReset(kafka_topic, partitions, topic_id, known_id, found_ms)
