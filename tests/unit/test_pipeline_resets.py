@@ -26,3 +26,21 @@ def test_a_subscription_suspended_before_its_topic_was_created_again_starts_over
     assert resting.positions == {0: 0}, "its position was in the old log"
     assert resting.topic_id == "new-id"
     pipeline.context.writer.close(10.0)
+
+
+def test_a_subscription_suspended_while_its_reset_waits_for_its_round_keeps_the_old_logs_id(tmp_path):
+    """The topic is created again while a round delivers `a` (its reset waits for the round), and `a` is
+    suspended before the round ends: its positions are still in the old log, so the id it rests with is the old
+    one, not the one the job learnt meanwhile (else, taken up in another Kafka topic and back, nothing would
+    tell its positions are the old log's)."""
+    pipeline = job(tmp_path, partitions=1, names=("a", "b"), marks={0: (0, 20)})
+    a, b = (pipeline.states[f"{TOPIC}.{name}"] for name in ("a", "b"))
+    a.positions, b.positions = {0: 20}, {0: 20}
+    pipeline.check_log({0: (0, 20)}, "old-id", states=[b])
+    a.busy = True  # a round delivers it
+    pipeline.check_log({0: (0, 30)}, "new-id")
+    assert a.pending_moves and a.positions == {0: 20}, "its reset waits for its round"
+
+    resting = pipeline.remove(a.id)
+    assert resting.topic_id == "old-id"
+    pipeline.context.writer.close(10.0)

@@ -183,6 +183,7 @@ class TopicPipeline:
                     continue
                 pending = PendingReset(reset, dict(state.positions))
                 if state.busy:  # its round ends first (`apply`); a newer reset takes the place of one waiting
+                    state.topic_id = state.topic_id or self.topic_id  # its positions are in the old log until then
                     state.pending_moves = [m for m in state.pending_moves if not isinstance(m, PendingReset)]
                     state.pending_moves.append(pending)
                 else:
