@@ -21,14 +21,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,50 +34,29 @@ sys.path.insert(0, str(REPO))
 from tests.support.herald_env import write_topics_conf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PostSink, percentile, stop_job  # noqa: E402 - sibling module
 
 TOPIC = "bench.latency"
 
 
-class Sink:
+class Sink(PostSink):
     """Records (message i, publish time, arrival time) of every POST to /s0."""
 
     def __init__(self) -> None:
         self.arrivals: dict[int, tuple[float, float]] = {}
         self.others = 0
-        lock = threading.Lock()
-        sink = self
+        self._lock = threading.Lock()
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                arrived = time.time()
-                document = json.loads(body)
-                with lock:
-                    if self.path == "/s0":
-                        sink.arrivals.setdefault(document["i"], (document["sent_at"], arrived))
-                    else:
-                        sink.others += 1
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+    def _answer(self, path: str, body: bytes) -> int:
+        arrived = time.time()
+        document = json.loads(body)
+        with self._lock:
+            if path == "/s0":
+                self.arrivals.setdefault(document["i"], (document["sent_at"], arrived))
+            else:
+                self.others += 1
+        return 200
 
 
 def main() -> None:
@@ -160,11 +137,7 @@ def main() -> None:
             print(f"latency: p50 {percentile(latencies, 0.5):.0f} ms, p99 {percentile(latencies, 0.99):.0f} ms")
     finally:
         if job is not None:
-            os.killpg(job.pid, signal.SIGINT)
-            try:
-                job.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
+            stop_job(job, 60)
         sink.stop()
         broker.down()
         if args.keep:

@@ -26,14 +26,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -43,41 +41,26 @@ sys.path.insert(0, str(REPO))
 from tests.support.herald_env import write_topics_conf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PostSink, percentile, stop_job  # noqa: E402 - sibling module
 
 TOPIC = "bench.rowlag"
 POISON = f"{TOPIC}.poison"
 
 
-class Sink:
+class Sink(PostSink):
     """Answers each POST with the status its body asks for (`answer`, 200 when none); counts the healthy ones."""
 
     def __init__(self) -> None:
         self.healthy = 0
-        lock = threading.Lock()
-        sink = self
+        self._lock = threading.Lock()
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                document = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                if self.path == "/healthy":
-                    with lock:
-                        sink.healthy += 1
-                self.send_response(document.get("answer", 200))
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
+    def _answer(self, path: str, body: bytes) -> int:
+        document = json.loads(body)
+        if path == "/healthy":
+            with self._lock:
+                self.healthy += 1
+        return document.get("answer", 200)
 
 
 class Watcher:
@@ -120,11 +103,6 @@ class Watcher:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
 
 
 def commit_gaps(table_path: str, since: float, until: float) -> list[float]:
@@ -242,11 +220,7 @@ def main() -> None:
         if watcher is not None:
             watcher.stop()
         if job is not None:
-            os.killpg(job.pid, signal.SIGINT)
-            try:
-                job.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
+            stop_job(job, 90)
         sink.stop()
         broker.down()
         if args.keep:

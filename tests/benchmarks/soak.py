@@ -57,7 +57,7 @@ import tempfile
 import threading
 import time
 from array import array
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import yaml
@@ -65,9 +65,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from tests.support.herald_env import write_topics_conf  # noqa: E402
+from tests.support.http_server import LocalHttpServer  # noqa: E402
 from tests.support.kafka_broker import KafkaBroker  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import percentile  # noqa: E402 - sibling module
 from serial_throughput import _cpu_s, _rss_pss, _tree  # noqa: E402 - the process-tree readers of a sibling
 
 TOPICS = ("bench.soak0", "bench.soak1", "bench.soak2")
@@ -185,8 +187,7 @@ class Subscriber:
                 except OSError:
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = LocalHttpServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/{name}"
         self._lock = lock
@@ -457,11 +458,6 @@ def lags(storage: Path, published: list[int]) -> dict[str, int]:
         produced = published[TOPICS.index(topic)]
         found[name] = found.get(name, 0) + (produced - partition + PARTITIONS - 1) // PARTITIONS - offset
     return found
-
-
-def percentile(values, share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
