@@ -32,3 +32,25 @@ def test_a_state_held_in_one_kafka_topic_is_never_taken_up_in_another(tmp_path):
     assert in_b.positions == {0: 3} and in_b.carried == {}, "A's state in B"
     in_a = book.state_for(subscription, "topic.a", {0: (0, 10)})
     assert in_a.positions == {0: 5} and in_a.carried == {(0, 5): held}
+
+
+def test_the_stored_topic_id_is_the_newest_rows_one(tmp_path):
+    """A partition the topic created again no longer has keeps its last row, in the old topic's id, while the
+    others' newer rows name the new id: a start takes the newest row's id, whatever order the rows come in, or
+    it would find the same reset again at every start (positions sent back, delivered messages sent again)."""
+    import datetime as dt
+
+    from herald.engine.round.result import position_rows
+    from herald.engine.round.state import stored_offsets
+    from herald.storage import DeltaRsStore
+    from herald.storage.tables import OFFSETS
+
+    store = DeltaRsStore(str(tmp_path / "storage"))
+    old, new = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
+    for writer, batch, positions, at, topic_id in (("stream:t", 7, {0: 20, 1: 10}, old, "old-id"),
+                                                   ("reset:t.a", 1, {0: 0}, new, "new-id"),
+                                                   ("stream:t", 8, {0: 5}, new + dt.timedelta(seconds=1), "new-id")):
+        store.append(OFFSETS, position_rows("t.a", "t", positions, writer, batch, at, topic_id))
+    positions, ids = stored_offsets(store)
+    assert positions[("t.a", "t")] == {0: 5, 1: 10}
+    assert ids[("t.a", "t")] == "new-id"

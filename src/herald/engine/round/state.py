@@ -121,17 +121,22 @@ def stored_positions(store: TableStore) -> dict[tuple[str, str], dict[int, int]]
 
 def stored_offsets(store: TableStore) -> tuple[dict[tuple[str, str], dict[int, int]], dict[tuple[str, str], str]]:
     """(positions, topic ids): (subscription id, Kafka topic) -> partition -> position, the newest offsets row of
-    each; and -> the Kafka topic id those rows name, where they name one."""
+    each; and -> the Kafka topic id the newest of those rows that name one names (a partition the topic created
+    again no longer has keeps an older row, in the old id)."""
+    columns = ("subscription", "topic", "partition", "offset", "topic_id", "committed_at", "batch_id")
     rows = store.latest(OFFSETS, ("subscription", "topic", "partition"), "committed_at DESC, batch_id DESC",
-                        columns=("subscription", "topic", "partition", "offset", "topic_id"))
+                        columns=columns)
     positions: dict[tuple[str, str], dict[int, int]] = {}
-    ids: dict[tuple[str, str], str] = {}
-    for row in rows.select(["subscription", "topic", "partition", "offset", "topic_id"]).to_pylist():
+    named: dict[tuple[str, str], tuple] = {}  # -> (_, committed_at, batch_id, topic id) of the newest naming one
+    for row in rows.select(list(columns)).to_pylist():
         key = (row["subscription"], row["topic"])
         positions.setdefault(key, {})[row["partition"]] = row["offset"]
         if row["topic_id"]:
-            ids[key] = row["topic_id"]
-    return positions, ids
+            at = row["committed_at"]  # never null in rows Herald writes; ordered first if it were
+            newest = (at is not None, at if at is not None else 0, row["batch_id"] or 0, row["topic_id"])
+            if key not in named or newest[:3] > named[key][:3]:
+                named[key] = newest
+    return positions, {key: newest[3] for key, newest in named.items()}
 
 
 RETRY_KEY = ("subscription", "partition", "offset")
