@@ -64,3 +64,25 @@ def test_a_reset_found_without_the_topic_id_is_not_found_again_when_the_id_comes
     assert a.positions == {0: 5}, "the new log was already taken for one"
     assert a.topic_id == "new-id" == pipeline.topic_id
     pipeline.context.writer.close(10.0)
+
+
+def test_a_micro_batch_of_the_old_log_ending_after_the_reset_leaves_the_new_logs_frontier(tmp_path):
+    """The topic is created again while a micro-batch of its old log is delivered. When the batch ends, the
+    read's frontier stays where the reset put it (the new log's end), not the batch's end in the old log: else
+    the subscriptions, sent back to the new log's start, would catch up towards offsets the new log does not
+    have, and the next micro-batch's ends below that frontier would be taken for a cut log (a false LOST row)."""
+    from tests.support.rounds import micro_batch, report
+
+    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (100, 100)})
+    (a,) = pipeline.states.values()
+    pipeline.check_log({0: (100, 100)}, "old-id")
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])  # the read is at 100
+    assert pipeline.frontier == {0: 100}
+
+    batch = pipeline.begin_batch(1, {0: (100, 110)}, f"stream:{TOPIC}", tasks=1, may_replay=False)
+    pipeline.check_log({0: (0, 3)}, "new-id")  # found by the periodic id check while the batch delivers
+    pipeline.finish_batch(batch, lambda: [report({0: (100, 110)}, [0])])
+    assert a.positions == {0: 0}, "the reset waited for the round, then took the subscription to the new log"
+    assert pipeline.frontier == {0: 3}
+    assert a.catching_up and a.topic_end == {0: 3}, "it catches up on the new log's three messages, no further"
+    pipeline.context.writer.close(10.0)
