@@ -46,26 +46,6 @@ def test_a_subscription_suspended_while_its_reset_waits_for_its_round_keeps_the_
     pipeline.context.writer.close(10.0)
 
 
-def test_a_reset_found_without_the_topic_id_is_not_found_again_when_the_id_comes(tmp_path):
-    """Kafka's end offsets went below what the job knew while its topic id could not be read (a timeout): the
-    subscriptions go on from the new log. When the id is read later, that is the same new log, not another
-    reset: no second RESET row, and the new log's messages delivered since are not delivered again."""
-    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (0, 20)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 20}
-    pipeline.check_log({0: (0, 20)}, "old-id")
-    assert a.topic_id == "old-id"
-
-    pipeline.check_log({0: (0, 5)}, None)  # created again; its id not read this time
-    assert a.positions == {0: 0}
-    a.positions = {0: 5}  # the new log's five messages delivered
-
-    pipeline.check_log({0: (0, 5)}, "new-id")
-    assert a.positions == {0: 5}, "the new log was already taken for one"
-    assert a.topic_id == "new-id" == pipeline.topic_id
-    pipeline.context.writer.close(10.0)
-
-
 def test_a_micro_batch_of_the_old_log_ending_after_the_reset_leaves_the_new_logs_frontier(tmp_path):
     """The topic is created again while a micro-batch of its old log is delivered. When the batch ends, the
     read's frontier stays where the reset put it (the new log's end), not the batch's end in the old log: else

@@ -190,10 +190,7 @@ class TopicPipeline:
                     state.pending_moves.append(pending)
                 else:
                     self._reset(state, pending)
-            if topic_id is None and any(part.recreated for reset in resets for part in reset.partitions.values()):
-                self.topic_id = None  # a new log whose id Kafka did not give: `Topics.check_topic_ids` learns it
-            else:
-                self.topic_id = topic_id or self.topic_id
+            self.topic_id = topic_id or self.topic_id
         self.flush_moves()
         return None if read_at is None else {p: min(o, marks[p][1]) if p in marks else o for p, o in read_at.items()}
 
@@ -233,10 +230,7 @@ class TopicPipeline:
             if partition in state.topic_end:
                 state.topic_end[partition] = min(state.topic_end[partition], part.high)
         state.idle = None
-        if reset.topic_id is None and any(part.recreated for part in reset.partitions.values()):
-            state.topic_id = None  # taken for a new log without its id: the next id Kafka gives is this log's
-        else:
-            state.topic_id = reset.topic_id or state.topic_id
+        state.topic_id = reset.topic_id or state.topic_id
         state.rows_topic_id = None  # its rows name the id for the partitions reset only: the next round's, for all
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
         tables = reset_tables(state.subscription, reset, outcome, stamp, self.context.cluster, pending.positions,
