@@ -66,3 +66,27 @@ def test_a_micro_batch_of_the_old_log_ending_after_the_reset_leaves_the_new_logs
     assert pipeline.frontier == {0: 3}
     assert a.catching_up and a.topic_end == {0: 3}, "it catches up on the new log's three messages, no further"
     pipeline.context.writer.close(10.0)
+
+
+def test_a_returning_subscriptions_own_reset_during_a_batch_lets_the_batch_move_the_frontier(tmp_path):
+    """A subscription comes back while a micro-batch of the topic's current log is delivered, its own positions
+    in a log before the topic was created again: its reset is its own, Kafka's log did not go back below the
+    read, so the batch's end is the frontier; else one catching up would stop short of it and wait for the
+    topic's next message to reach what the batch read."""
+    from tests.support.rounds import micro_batch, report
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "b", "c"), marks={0: (0, 100)})
+    a, b, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "abc")
+    a.positions, b.positions, c.positions = {0: 100}, {0: 50}, {0: 80}
+    pipeline.check_log({0: (0, 100)}, "new-id")
+    resting = pipeline.remove(c.id)
+    resting.topic_id = "old-id"  # it rested before the topic was created again
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+
+    batch = pipeline.begin_batch(1, {0: (100, 110)}, f"stream:{TOPIC}", tasks=1, may_replay=False)
+    pipeline.add(resting, {0: (0, 110)}, "new-id")
+    pipeline.finish_batch(batch, lambda: [report({0: (100, 110)}, [0])])
+    assert resting.positions == {0: 0}, "its own reset"
+    assert pipeline.frontier == {0: 110} and b.topic_end == {0: 110}
+    assert b.catching_up
+    pipeline.context.writer.close(10.0)

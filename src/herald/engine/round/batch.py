@@ -38,7 +38,7 @@ class BatchRound(TopicRound):
         self.subscriptions: list[Subscription] = []
         self.plan: TaskPlan | None = None
         self.topic_id: str | None = None  # Kafka's id of the topic when it was planned: its positions are in that log
-        self.resets_seen = 0  # the pipeline's `resets_found` when it was planned
+        self.cuts_seen = 0  # the pipeline's `frontier_cuts` when it was planned
         self.reports: Callable[[], list] | None = None
         self.round = Round(pipeline.context, self)
 
@@ -62,7 +62,7 @@ class BatchRound(TopicRound):
             participants = pipeline.claim_participants(self.subscriptions, ranges)  # marked busy: `take` frees them
             pipeline.batch_in_progress = True
             self.topic_id = pipeline.topic_id
-            self.resets_seen = pipeline.resets_found
+            self.cuts_seen = pipeline.frontier_cuts
         return participants
 
     def prepare(self, participants: list[Participant]) -> None:  # failing, they catch up on the batch
@@ -83,15 +83,15 @@ class BatchRound(TopicRound):
                 for p in participants]
 
     def take(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> int:
-        """`apply`, and the frontier at the batch's end: those that failed catch up on the batch. When the topic's
-        log went back while the batch was delivered (`check_log`), the batch's ends are in the old log: the
-        frontier stays where the reset put it, within the new one."""
+        """`apply`, and the frontier at the batch's end: those that failed catch up on the batch. When Kafka's log
+        of the topic went back below the frontier while the batch was delivered (`check_log` lowered it), the
+        batch's ends are in the old log: the frontier stays where `check_log` put it, within the new one."""
         pipeline = self.pipeline
         with pipeline.lock:
             try:
                 return pipeline.apply(participants, results, self.topic_id)
             finally:
-                if pipeline.resets_found == self.resets_seen:
+                if pipeline.frontier_cuts == self.cuts_seen:
                     pipeline.set_frontier(self.ranges)
                 else:
                     log.info("%s batch %d: the topic's log went back while it was delivered; the read's frontier "

@@ -60,7 +60,7 @@ class TopicPipeline:
         self.states: dict[str, SubscriptionState] = {state.id: state for state in states}
         self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
         self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
-        self.resets_found = 0  # how many times `check_log` found the topic's log gone back (a round in flight asks)
+        self.frontier_cuts = 0  # times `check_log` lowered the frontier to Kafka's log (a batch in flight asks)
         self.batch_in_progress = False
         # (slice, stamp -> its tables, urgent, new, the round tokens it waits for): moves and resets, after rounds'
         # rows
@@ -173,11 +173,13 @@ class TopicPipeline:
             found = {state.id: self._reset_of(state, marks, topic_id, shared, found_ms) for state in states}
             resets = [reset for reset in found.values() if reset is not None]
             if resets:
-                self.resets_found += 1
                 log.warning("%s; %d subscription(s) go on from the new offsets; what they had not read of the old "
                             "ones is recorded LOST", resets[0].describe(), len(resets))
             if self.frontier is not None:
-                self.frontier = {p: min(end, marks[p][1]) if p in marks else end for p, end in self.frontier.items()}
+                within = {p: min(end, marks[p][1]) if p in marks else end for p, end in self.frontier.items()}
+                if within != self.frontier:
+                    self.frontier_cuts += 1
+                self.frontier = within
             for state in states:
                 reset = found.get(state.id)
                 if reset is None:
