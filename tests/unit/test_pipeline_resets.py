@@ -90,3 +90,22 @@ def test_a_returning_subscriptions_own_reset_during_a_batch_lets_the_batch_move_
     assert pipeline.frontier == {0: 110} and b.topic_end == {0: 110}
     assert b.catching_up
     pipeline.context.writer.close(10.0)
+
+
+def test_a_subscription_joining_after_the_topic_was_created_again_resets_the_others_too(tmp_path):
+    """The topic is created again (its new log already past the old positions) and a subscription comes back
+    before the periodic id check has looked: the joiner's check sees the new id, and so must every subscription
+    of the topic, or they would go on at their old-log positions in the new log, its first offsets skipped, and
+    the job, knowing the new id from then on, would never look again."""
+    pipeline = job(tmp_path, partitions=1, names=("a", "b", "c"), marks={0: (0, 20)})
+    a, b, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "abc")
+    for state in (a, b, c):
+        state.positions = {0: 20}
+    pipeline.check_log({0: (0, 20)}, "old-id")
+    resting = pipeline.remove(c.id)
+
+    pipeline.add(resting, {0: (0, 30)}, "new-id")
+    assert resting.positions == {0: 0}
+    assert a.positions == {0: 0} and b.positions == {0: 0}, "the others' positions were in the old log too"
+    assert a.topic_id == b.topic_id == pipeline.topic_id == "new-id"
+    pipeline.context.writer.close(10.0)
