@@ -109,3 +109,64 @@ def test_a_subscription_joining_after_the_topic_was_created_again_resets_the_oth
     assert a.positions == {0: 0} and b.positions == {0: 0}, "the others' positions were in the old log too"
     assert a.topic_id == b.topic_id == pipeline.topic_id == "new-id"
     pipeline.context.writer.close(10.0)
+
+
+def test_a_topic_created_again_mid_batch_keeps_the_frontier_in_the_new_log_even_when_it_is_not_lowered(tmp_path):
+    """The new log (105) is past the read's frontier (100) but short of the batch's old-log end (110): the id says
+    every partition is a new log, so the batch's end is not taken, and the next micro-batch's ends (106) are not
+    taken for a cut log."""
+    from tests.support.rounds import micro_batch, report
+
+    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (100, 100)})
+    pipeline.check_log({0: (100, 100)}, "old-id")
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    batch = pipeline.begin_batch(1, {0: (100, 110)}, f"stream:{TOPIC}", tasks=1, may_replay=False)
+    pipeline.check_log({0: (0, 105)}, "new-id")
+    pipeline.finish_batch(batch, lambda: [report({0: (100, 110)}, [0])])
+    assert pipeline.frontier == {0: 100}
+    assert not pipeline.went_back({0: 106})
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_cut_found_by_a_joiner_mid_batch_resets_everyone_and_moves_the_other_partitions_frontier(tmp_path):
+    """An unclean leader election cuts partition 0 at 95 (same id), found when a subscription joins while a
+    micro-batch that read both partitions to 110 is delivered: every subscription goes on from the cut (not the
+    joiner alone: the others would skip 95..109 of the new messages without a row), partition 0's frontier stays
+    at the cut, and partition 1's moves to the batch's end (a subscription catching up there is not held short)."""
+    from tests.support.rounds import micro_batch, report
+
+    pipeline = job(tmp_path, partitions=2, names=("a", "b", "c"), marks={0: (0, 100), 1: (0, 100)})
+    a, b, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "abc")
+    for state in (a, b, c):
+        state.positions = {0: 100, 1: 100}
+    pipeline.check_log({0: (0, 100), 1: (0, 100)}, "id")
+    resting = pipeline.remove(c.id)
+    resting.positions = {0: 50, 1: 50}
+    micro_batch(pipeline, 0, {0: (100, 100), 1: (100, 100)}, [0, 1])
+
+    ranges = {0: (100, 110), 1: (100, 110)}
+    batch = pipeline.begin_batch(1, ranges, f"stream:{TOPIC}", tasks=1, may_replay=False)
+    pipeline.add(resting, {0: (0, 95), 1: (0, 110)}, "id")
+    pipeline.finish_batch(batch, lambda: [report(ranges, [0, 1])])
+    assert a.positions == b.positions == {0: 95, 1: 110}
+    assert pipeline.frontier == {0: 95, 1: 110}
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_reset_applied_after_its_round_leaves_the_frontier_alone(tmp_path):
+    """A subscription's topic_end is the frontier itself after a micro-batch: its reset, applied when its
+    catch-up round ends, must not lower the read's frontier for the others."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "b"), marks={0: (0, 100)})
+    a, b = (pipeline.states[f"{TOPIC}.{name}"] for name in "ab")
+    a.positions, b.positions = {0: 100}, {0: 40}
+    pipeline.check_log({0: (0, 100)}, "old-id")
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    b.busy = True  # its catch-up round is in flight
+    pipeline.check_log({0: (0, 3)}, "new-id")
+    micro_batch(pipeline, 1, {0: (3, 50)}, [0])  # the new log's batch: the frontier is 50
+    b.busy = False
+    pipeline.apply([type("Member", (), {"state": b})()], [])  # its round ends with nothing: its reset applies
+    assert b.positions == {0: 0} and pipeline.frontier == {0: 50}
+    pipeline.context.writer.close(10.0)

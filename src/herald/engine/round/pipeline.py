@@ -60,7 +60,7 @@ class TopicPipeline:
         self.states: dict[str, SubscriptionState] = {state.id: state for state in states}
         self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
         self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
-        self.frontier_cuts = 0  # times `check_log` lowered the frontier to Kafka's log (a batch in flight asks)
+        self.cuts: dict[int, int] = {}  # per partition, times `check_log` lowered the frontier to Kafka's log
         self.batch_in_progress = False
         # (slice, stamp -> its tables, urgent, new, the round tokens it waits for): moves and resets, after rounds'
         # rows
@@ -161,14 +161,18 @@ class TopicPipeline:
                   states: list[SubscriptionState] | None = None) -> dict[int, int] | None:
         """Kafka's log of the topic now: `marks` (partition -> (low, high)) and its id (None: not given). Every
         subscription (of `states`, None: the topic's; all of them, `states` too, when the id is not the one the
-        job knows) whose log went back (the topic created again, or a partition cut) goes on from the new log,
-        and it is recorded (`_reset`; a subscription a round delivers now, once that round is over); the read's
-        frontier, and `read_at` (where a checkpoint left the read), are kept within the log. Returns `read_at`
-        so kept."""
+        job knows or the log ends below the read's frontier) whose log went back (the topic created again, or a
+        partition cut) goes on from the new log, and it is recorded (`_reset`; a subscription a round delivers
+        now, once that round is over); the read's frontier, and `read_at` (where a checkpoint left the read),
+        are kept within the log. Returns `read_at` so kept."""
         found_ms = now_ms()
         with self.lock:
-            if states is not None and topic_id and self.topic_id and topic_id != self.topic_id:
-                # not the id the job knows: every subscription of the topic is looked at, not `states` alone
+            new_id = bool(topic_id and self.topic_id and topic_id != self.topic_id)
+            below = self.frontier is not None and any(p in marks and marks[p][1] < end
+                                                      for p, end in self.frontier.items())
+            if states is not None and (new_id or below):
+                # not the id the job knows, or Kafka's log below the read: every subscription of the topic is
+                # looked at, not `states` alone
                 states = list(self.states.values()) + [s for s in states if s.id not in self.states]
             states = list(self.states.values()) if states is None else states
             # what the job knows of the log, for the subscriptions whose id says nothing
@@ -181,8 +185,9 @@ class TopicPipeline:
                             "ones is recorded LOST", resets[0].describe(), len(resets))
             if self.frontier is not None:
                 within = {p: min(end, marks[p][1]) if p in marks else end for p, end in self.frontier.items()}
-                if within != self.frontier:
-                    self.frontier_cuts += 1
+                for partition, end in within.items():
+                    if end < self.frontier[partition]:  # a micro-batch in flight read the old log there
+                        self.cuts[partition] = self.cuts.get(partition, 0) + 1
                 self.frontier = within
             for state in states:
                 reset = found.get(state.id)
@@ -232,6 +237,7 @@ class TopicPipeline:
             "message of the new log now", state.subscription)
         state.positions.update(outcome.positions)
         state.carried = {key: value for key, value in state.carried.items() if key not in outcome.dropped}
+        state.topic_end = dict(state.topic_end)  # it may be the frontier itself (`set_frontier`): not changed here
         for partition, part in reset.partitions.items():
             if partition in state.topic_end:
                 state.topic_end[partition] = min(state.topic_end[partition], part.high)
