@@ -99,9 +99,10 @@ class BatchRound(TopicRound):
                     log.info("%s batch %d: the topic's log went back while it was delivered; the read's frontier "
                              "stays in the new log for partition(s) %s", pipeline.kafka_topic, self.batch_id,
                              sorted(old_log))
-                frontier = pipeline.frontier or {}
-                pipeline.set_frontier({p: (start, frontier.get(p, end) if p in old_log else end)
-                                       for p, (start, end) in self.ranges.items()})
+                frontier = pipeline.frontier or {}  # a partition new in this batch and read in the old log: left out
+                pipeline.set_frontier({p: (start, frontier[p] if p in old_log else end)
+                                       for p, (start, end) in self.ranges.items()
+                                       if p not in old_log or p in frontier})
                 pipeline.batch_in_progress = False
 
     def drop(self, participants: list[Participant]) -> None:  # the frontier does not move

@@ -161,18 +161,14 @@ class TopicPipeline:
                   states: list[SubscriptionState] | None = None) -> dict[int, int] | None:
         """Kafka's log of the topic now: `marks` (partition -> (low, high)) and its id (None: not given). Every
         subscription (of `states`, None: the topic's; all of them, `states` too, when the id is not the one the
-        job knows or the log ends below the read's frontier) whose log went back (the topic created again, or a
+        job knows) whose log went back (the topic created again, or a
         partition cut) goes on from the new log, and it is recorded (`_reset`; a subscription a round delivers
         now, once that round is over); the read's frontier, and `read_at` (where a checkpoint left the read),
         are kept within the log. Returns `read_at` so kept."""
         found_ms = now_ms()
         with self.lock:
-            new_id = bool(topic_id and self.topic_id and topic_id != self.topic_id)
-            below = self.frontier is not None and any(p in marks and marks[p][1] < end
-                                                      for p, end in self.frontier.items())
-            if states is not None and (new_id or below):
-                # not the id the job knows, or Kafka's log below the read: every subscription of the topic is
-                # looked at, not `states` alone
+            if states is not None and topic_id and self.topic_id and topic_id != self.topic_id:
+                # not the id the job knows: every subscription of the topic is looked at, not `states` alone
                 states = list(self.states.values()) + [s for s in states if s.id not in self.states]
             states = list(self.states.values()) if states is None else states
             # what the job knows of the log, for the subscriptions whose id says nothing
