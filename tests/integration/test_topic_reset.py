@@ -15,6 +15,7 @@ from herald.storage import DeltaRsStore
 from herald.storage.tables import OFFSETS, UNDELIVERED
 from tests.support.broker_scenarios import delete_topic, produce_to, received
 from tests.support.herald_env import require_jars, wait_until, write_conf
+from tests.support.running import RunningHerald
 from tests.support.subscriber import ScriptedSubscriber
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -75,22 +76,20 @@ def test_a_topic_created_again_between_runs_is_delivered_from_its_new_start(kafk
         assert f"topic id {old_id} -> {new_id}" in row["reason"] and "goes on from offset 0" in row["reason"]
 
 
-@pytest.mark.xfail(strict=True, reason="known loss (issue 32's note): a partition the topic created again does not "
-                   "have keeps its old position, and once added back its first offsets are skipped; a fix that resets "
-                   "it must also keep it out of the read's frontier until Kafka lists it again (Herald's Python source "
-                   "keeps it in its checkpoint: catch-up would ask for it and fail)")
+@pytest.mark.parametrize("connector", ["spark", "python"])
 def test_a_topic_created_again_with_fewer_partitions_then_grown_loses_nothing_of_the_new_partition(
-        kafka_broker, spark, topic_name, tmp_path):
+        kafka_broker, spark, topic_name, tmp_path, connector):
     """Two partitions, 10 messages each, delivered; the topic created again with one partition, then grown back to
-    two: partition 1 is a new log that starts at 0. Today its old position (10) stays, the first 10 messages of
-    the new partition 1 are skipped as done, and the reset of the partition that was gone is not recorded."""
-    require_jars(spark, SPARK_KAFKA_CLASS)
+    two: partition 1 is a new log that starts at 0. Its old position (10) goes to 0 when the reset is found (it
+    would skip the new partition's first 10 messages as done), and that reset is recorded too."""
+    if connector == "spark":
+        require_jars(spark, SPARK_KAFKA_CLASS)
     bootstrap = kafka_broker.bootstrap_servers
     kafka_broker.create_topics({topic_name: 2})
     produce_to(bootstrap, topic_name, [(i % 2, {"i": i}) for i in range(20)])
     with ScriptedSubscriber() as sub:
         conf = write_conf(tmp_path, bootstrap, topic_name, {"a": {"endpoint": f"{sub.url}/a"}},
-                          settings={"kafka": {"connector": "spark"}})
+                          settings={"kafka": {"connector": connector}})
         _run_once(conf, spark)
         assert received(sub, "/a") == list(range(20))
 
@@ -113,3 +112,32 @@ def test_a_topic_created_again_with_fewer_partitions_then_grown_loses_nothing_of
     assert set(resets) == {0, 1}, "the partition the new topic did not have is recorded too"
     assert "knew offsets up to 9" in resets[1]["reason"]
     assert resets[1]["status"] == "RESET" and resets[1]["offset"] == 10, "it had read all of it: nothing was lost"
+
+
+@pytest.mark.parametrize("connector", ["spark", "python"])
+def test_a_topic_created_again_with_fewer_partitions_while_the_job_runs_then_grown_loses_nothing(
+        kafka_broker, spark, topic_name, tmp_path, connector):
+    """The same while `herald run` runs: the read fails while the topic is gone and starts again when it is back
+    with one partition; partition 1, added again later, is delivered from its offset 0 (by the read or by
+    catch-up), and the partition the new topic lacked never stalls the other."""
+    if connector == "spark":
+        require_jars(spark, SPARK_KAFKA_CLASS)
+    bootstrap = kafka_broker.bootstrap_servers
+    kafka_broker.create_topics({topic_name: 2})
+    produce_to(bootstrap, topic_name, [(i % 2, {"i": i}) for i in range(20)])
+    with ScriptedSubscriber() as sub:
+        conf = write_conf(tmp_path, bootstrap, topic_name, {"a": {"endpoint": f"{sub.url}/a"}},
+                          settings={"kafka": {"connector": connector}})
+        with RunningHerald(conf, spark) as running:
+            assert wait_until(lambda: received(sub, "/a") == list(range(20)), 90), received(sub, "/a")
+            _recreate(kafka_broker, topic_name, 1)
+            produce_to(bootstrap, topic_name, [(0, {"i": i}) for i in range(100, 105)])
+            assert wait_until(lambda: received(sub, "/a") == list(range(20)) + list(range(100, 105)), 120), \
+                received(sub, "/a")
+            kafka_broker.add_partitions(topic_name, 2)
+            grown = list(range(200, 215))
+            produce_to(bootstrap, topic_name, [(1, {"i": i}) for i in grown])
+            produce_to(bootstrap, topic_name, [(0, {"i": 300})])
+            assert wait_until(lambda: sorted(received(sub, "/a")) == sorted(
+                list(range(20)) + list(range(100, 105)) + grown + [300]), 120), received(sub, "/a")
+        assert running.exit_code == 0

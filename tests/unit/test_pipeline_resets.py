@@ -167,3 +167,59 @@ def test_a_reset_applied_after_its_round_leaves_the_frontier_alone(tmp_path):
     pipeline.apply([type("Member", (), {"state": b})()], [])  # its round ends with nothing: its reset applies
     assert b.positions == {0: 0} and pipeline.frontier == {0: 50}
     pipeline.context.writer.close(10.0)
+
+
+def test_a_topic_created_again_with_fewer_partitions_resets_the_one_it_lost_and_keeps_it_out_of_the_read(
+        tmp_path):
+    """Two partitions at 10, the topic created again with one: partition 1 is not in the new topic. Its position
+    goes to 0, where its log starts should it be added again (else its first 10 offsets would be skipped as
+    read), the reset is recorded, and the read's frontier leaves it out while a source that never forgets a
+    partition (Herald's Python source) gives it empty ranges at its old end: else every subscription, now
+    behind there, would skip every micro-batch to catch up on a partition Kafka does not have. The first range
+    that is not that one brings it back: the subscriptions catch up on it from 0."""
+    from herald.storage.tables import OFFSETS, UNDELIVERED
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=2, names=("a", "b"), marks={0: (0, 10), 1: (0, 10)})
+    a, b = (pipeline.states[f"{TOPIC}.{name}"] for name in "ab")
+    for state in (a, b):
+        state.positions = {0: 10, 1: 10}
+    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
+    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0, 1])
+
+    pipeline.check_log({0: (0, 4)}, "new-id")
+    assert a.positions == b.positions == {0: 0, 1: 0}
+    assert pipeline.frontier == {0: 4}, "partition 1 is not in the topic: not in the read's frontier"
+    assert pipeline.listed({0: (4, 6), 1: (10, 10)}) == {0: (4, 6)}, "the old log's empty range is left out"
+
+    micro_batch(pipeline, 1, {0: (4, 4)}, [0, 1])
+    assert pipeline.frontier == {0: 4}
+    assert pipeline.listed({0: (4, 4), 1: (10, 15)}) == {0: (4, 4), 1: (10, 15)}, "added again, with messages"
+    assert pipeline.listed({0: (4, 4), 1: (10, 10)}) == {0: (4, 4), 1: (10, 10)}, "back for good"
+    pipeline.context.writer.close(10.0)
+
+    store = pipeline.context.store
+    resets = {(r["subscription"], r["partition"]): r for r in store.read(UNDELIVERED).to_pylist()
+              if r["ended_by"] == "reset"}
+    assert set(resets) == {(s.id, p) for s in (a, b) for p in (0, 1)}
+    gone = resets[(a.id, 1)]
+    assert gone["status"] == "RESET" and gone["offset"] == 10, "it had read all of partition 1: nothing lost"
+    assert "partition 1 is not in the topic now" in gone["reason"] and "knew offsets up to 9" in gone["reason"]
+    rows = store.latest(OFFSETS, ("subscription", "topic", "partition"), "committed_at DESC, batch_id DESC")
+    assert {(r["subscription"], r["partition"], r["offset"], r["topic_id"]) for r in rows.to_pylist()} == {
+        (s.id, p, 0, "new-id") for s in (a, b) for p in (0, 1)}
+
+
+def test_a_partition_the_topic_lost_is_left_out_of_a_checkpoint_the_read_resumes(tmp_path):
+    """A job starting where its read's checkpoint knows partition 1, which Kafka no longer lists: the read is
+    told its checkpoint is not the log's any more (a new one starts without it), and the frontier has no
+    partition 1 for the subscriptions to catch up towards."""
+    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
+    (a,) = pipeline.states.values()
+    a.positions = {0: 10, 1: 10}
+    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "id")
+    kept = pipeline.check_log({0: (0, 10)}, "id", read_at={0: 10, 1: 10})
+    assert kept == {0: 10}
+    assert pipeline.frontier is None or 1 not in pipeline.frontier
+    assert pipeline.listed({0: (10, 12), 1: (10, 10)}) == {0: (10, 12)}
+    pipeline.context.writer.close(10.0)

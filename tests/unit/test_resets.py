@@ -63,3 +63,15 @@ def test_describe_names_the_topic_the_partitions_and_both_offsets():
     text = reset.describe()
     assert "orders" in text and "created again" in text and "A -> B" in text and "0: 20 -> 0..10" in text
     assert PartitionReset(0, 20, 0, 10, True).lost(20) is None
+
+
+def test_a_topic_created_again_with_fewer_partitions_resets_the_partition_it_no_longer_has():
+    """The new topic has partition 0 only: partition 1, which the job knew to offset 9, starts at 0 should it be
+    added again; a partition the job knew nothing of is left alone; with the same id nothing is reset."""
+    reset = find_reset("t", {0: 20, 1: 10, 2: 0}, "A", {0: (0, 3)}, "B", 1)
+    assert sorted(reset.partitions) == [0, 1]
+    gone = reset.partitions[1]
+    assert (gone.listed, gone.recreated, gone.low, gone.high, gone.known_end) == (False, True, 0, 0, 10)
+    assert gone.position_after(10) == 0 and gone.lost(10) is None and gone.lost(4) == (4, 10)
+    assert "1: 10 -> not in the topic" in reset.describe()
+    assert find_reset("t", {0: 20, 1: 10}, "A", {0: (0, 30)}, "A", 1) is None

@@ -37,6 +37,8 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
         self._target: dict[str, dict[int, int]] | None = None
         self._last_marks: Watermarks | None = None
         self._new_partition_starts: dict[tuple[str, int], int] = {}
+        self._unlisted: set[tuple[str, int]] = set()  # partitions the checkpoint knows and Kafka does not list
+        self._relisted: set[tuple[str, int]] = set()  # of those, listed again: sent back to their start
         self._last_end: dict | None = None  # what `latestOffset` last returned (pyspark 4.0 gives no start)
 
     def _watermarks(self) -> Watermarks:
@@ -95,6 +97,14 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
                 planned = (start.get(topic) or {}).get(str(p))
                 if planned is None:
                     planned = self._new_partition_start(topic, p, low)
+                elif (topic, p) in self._unlisted:  # added again to a topic created again: a new log, from its
+                    self._unlisted.discard((topic, p))  # start (this micro-batch goes back to it, the next reads)
+                    self._relisted.add((topic, p))
+                    log.info("partition %s/%s is listed again: a new log, read from its earliest offset %s",
+                             topic, p, low)
+                    begin.setdefault(topic, {})[str(p)] = low
+                    latest.setdefault(topic, {})[str(p)] = low
+                    continue
                 cap = high
                 if self._target is not None:
                     target = self._target.get(topic, {}).get(p)
@@ -106,6 +116,8 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
         end = latest if isinstance(limit, ReadAllAvailable) else split_read_limit(begin, latest, limit.max_rows)
         for topic, parts in start.items():  # never forget a partition the checkpoint knows
             for p, offset in parts.items():
+                if topic in marks and int(p) not in marks[topic]:  # the topic created again with fewer partitions
+                    self._unlisted.add((topic, int(p)))
                 end.setdefault(topic, {}).setdefault(p, offset)
         self._last_end = canonical_offsets(end)
         return self._last_end
@@ -133,6 +145,9 @@ class HeraldKafkaStreamReader(KafkaReaderBase, DataSourceStreamReader, SupportsT
                 begin = (start.get(topic) or {}).get(p)
                 if begin is None:
                     begin = self._new_partition_starts.get((topic, partition), low)
+                if until < begin and (topic, partition) in self._relisted:
+                    self._relisted.discard((topic, partition))  # a new log: nothing of the old one was there
+                    continue
                 if until < begin:
                     self._report_data_loss(
                         f"{topic}/{partition}: offsets went back from {begin} to {until} "

@@ -61,6 +61,8 @@ class TopicPipeline:
         self.frontier: dict[int, int] | None = None  # where the shared read is in the topic: its last batch's end
         self.topic_id: str | None = None  # Kafka's id of the topic the frontier is in, when known
         self.cuts: dict[int, int] = {}  # per partition, times `check_log` lowered the frontier to Kafka's log
+        # partitions Kafka no longer lists (the topic created again with fewer) -> the end the read had there
+        self.unlisted: dict[int, int] = {}
         self.batch_in_progress = False
         # (slice, stamp -> its tables, urgent, new, the round tokens it waits for): moves and resets, after rounds'
         # rows
@@ -179,10 +181,16 @@ class TopicPipeline:
             if resets:
                 log.warning("%s; %d subscription(s) go on from the new offsets; what they had not read of the old "
                             "ones is recorded LOST", resets[0].describe(), len(resets))
+            for partition in marks:
+                self.unlisted.pop(partition, None)
+            if marks:  # a partition Kafka does not list is not in the topic (any more): out of the frontier
+                for partition, end in {**(read_at or {}), **(self.frontier or {})}.items():
+                    if partition not in marks:
+                        self.unlisted[partition] = end
             if self.frontier is not None:
-                within = {p: min(end, marks[p][1]) if p in marks else end for p, end in self.frontier.items()}
-                for partition, end in within.items():
-                    if end < self.frontier[partition]:  # a micro-batch in flight read the old log there
+                within = {p: min(end, marks[p][1]) for p, end in self.frontier.items() if p in marks}
+                for partition, end in self.frontier.items():
+                    if within.get(partition, -1) < end:  # a micro-batch in flight read the old log there
                         self.cuts[partition] = self.cuts.get(partition, 0) + 1
                 self.frontier = within
             for state in states:
@@ -199,7 +207,23 @@ class TopicPipeline:
                     self._reset(state, pending)
             self.topic_id = topic_id or self.topic_id
         self.flush_moves()
-        return None if read_at is None else {p: min(o, marks[p][1]) if p in marks else o for p, o in read_at.items()}
+        return None if read_at is None else {p: min(o, marks[p][1]) for p, o in read_at.items() if p in marks}
+
+    def listed(self, ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        """A micro-batch's `ranges` of the topic without the partitions Kafka stopped listing (`check_log`): a
+        source that keeps them (Herald's Python source) gives them an empty range at the end it had, which is in
+        the old log. A partition is back in with the first range that is not that one (added again: from its
+        start)."""
+        with self.lock:
+            if not self.unlisted:
+                return ranges
+            kept = {}
+            for partition, (start, end) in ranges.items():
+                if start == end == self.unlisted.get(partition):
+                    continue
+                self.unlisted.pop(partition, None)
+                kept[partition] = (start, end)
+            return kept
 
     def went_back(self, ends: dict[int, int]) -> bool:
         """True when a micro-batch ends a partition below the read's frontier: Kafka's offsets went back, and

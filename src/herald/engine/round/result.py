@@ -279,8 +279,10 @@ def reset_tables(subscription: Subscription, reset, outcome, stamp: int, cluster
     rows = []
     for partition, part in sorted(reset.partitions.items()):
         gone = lost.get(partition)
-        reason = (f"Kafka topic {reset.kafka_topic} {_reset_cause(reset, part)}: partition {partition} now holds "
-                  f"offsets {part.low}..{part.high - 1} where the job knew offsets up to {part.known_end - 1}; "
+        holds = (f"now holds offsets {part.low}..{part.high - 1}" if part.listed
+                 else "is not in the topic now (added again, its offsets start at 0)")
+        reason = (f"Kafka topic {reset.kafka_topic} {_reset_cause(reset, part)}: partition {partition} {holds} "
+                  f"where the job knew offsets up to {part.known_end - 1}; "
                   f"delivery goes on from offset {outcome.positions[partition]}")
         if gone is not None:
             reason += (f"; offsets {gone[0]}..{gone[1] - 1} of the old log ({gone[1] - gone[0]} offsets) were never "

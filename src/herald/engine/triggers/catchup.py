@@ -148,12 +148,15 @@ class CatchUp:
 
     def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], Lost]:
         """(the ranges to read, the offsets of them already deleted): a range that starts below what Kafka still
-        holds is read from its earliest offset, and what is below is lost (recorded by the round)."""
+        holds is read from its earliest offset, and what is below is lost (recorded by the round). A partition
+        Kafka does not list (the topic created again with fewer) is not read: its position stays."""
         pipeline = self.pipeline
         marks = partition_watermarks(pipeline.context.client_config, [pipeline.kafka_topic])[pipeline.kafka_topic]
         clamped, deleted = {}, []
         for partition, (start, end) in ranges.items():
-            low = marks.get(partition, (start, end))[0]
+            if partition not in marks:
+                continue
+            low = marks[partition][0]
             if start < low:
                 deleted.append((partition, start, min(low, end)))
             clamped[partition] = (min(max(start, low), end), end)

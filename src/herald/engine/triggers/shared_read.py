@@ -224,7 +224,7 @@ class SharedRead:
                 pipeline.check_log(marks, topic_ids(self.context.client_config, [topic]).get(topic))
             before = None if previous is None else previous.get(topic)  # not logged: its start is unknown
             first = self._first_start.get(topic) if self._first_start is not None and batch_id == 0 else None
-            ranges = checkpoints.ranges_between(ends[topic], before, first)
+            ranges = pipeline.listed(checkpoints.ranges_between(ends[topic], before, first))
             if any(start < end for start, end in ranges.values()):
                 rounds.append((pipeline, ranges))
             else:  # nothing of it in this batch (nor, if it replays one, in the batch it replays)
