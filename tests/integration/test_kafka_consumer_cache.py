@@ -137,3 +137,24 @@ def test_a_spark_python_worker_reuses_its_consumer_across_reads(spark, broker, t
         # after its first read, a worker never creates another consumer for this source: each next read reuses it
         assert {task["created"] for task in served} == {served[0]["created"]}, served
         assert [task["reused"] - served[0]["reused"] for task in served] == list(range(len(served))), served
+
+
+def test_a_range_past_the_end_of_the_log_ends_the_read_instead_of_asking_again_forever(broker, topic):
+    """A range planned in a log that went back before the task read it (the topic created again, or its log cut):
+    the partition now ends at 20, below the range [25, 30). With failOnDataLoss=false the read ends with nothing
+    (the job finds the reset from the offsets); it used to assign the same offset again at every
+    out-of-range answer, with its deadline renewed each time, and never ended. With failOnDataLoss=true it fails."""
+    import threading
+
+    config = {"bootstrap.servers": broker.bootstrap_servers}
+    prefix = f"cache-test-{uuid.uuid4().hex}"
+    read: list = []
+    reader = threading.Thread(target=lambda: read.append(list(read_offset_range(
+        config, topic, 0, 25, 30, fetch_timeout_s=5, fail_on_data_loss=False, group_id_prefix=prefix))),
+        daemon=True)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), "the read of offsets the log does not have never ended"
+    assert read == [[]]
+    with pytest.raises(DataLossError, match=f"{topic}/0: the partition's log ends at 20"):
+        list(read_offset_range(config, topic, 0, 25, 30, fetch_timeout_s=5, group_id_prefix=prefix))

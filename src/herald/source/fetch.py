@@ -125,7 +125,18 @@ def _consume_range(consumer, topic: str, partition: int, start: int, end: int, f
                     position = end
                     break
             elif error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=fetch_timeout_s)
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                           timeout=fetch_timeout_s)
+                if position >= high:  # the log went back below the range (the topic created again, or its log cut)
+                    message_text = (
+                        f"{where}: the partition's log ends at {high}, before offset {position} of the planned range "
+                        f"[{start}, {end}) (was the topic deleted and created again?)"
+                    )
+                    if fail_on_data_loss:
+                        raise DataLossError(f"{message_text}. Set failOnDataLoss=false to skip lost records and go on.")
+                    log.warning("%s. The read of the range ends here because failOnDataLoss=false.", message_text)
+                    position = end
+                    break
                 message_text = (
                     f"{where}: offsets from {position} were deleted before they were read "
                     f"(low watermark now {low}, planned range [{start}, {end}))"
