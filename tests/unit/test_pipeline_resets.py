@@ -223,3 +223,49 @@ def test_a_partition_the_topic_lost_is_left_out_of_a_checkpoint_the_read_resumes
     assert pipeline.frontier is None or 1 not in pipeline.frontier
     assert pipeline.listed({0: (10, 12), 1: (10, 10)}) == {0: (10, 12)}
     pipeline.context.writer.close(10.0)
+
+
+def test_a_cut_log_found_by_a_joiner_resets_every_subscription_of_the_topic(tmp_path):
+    """An unclean leader election cuts partition 0 at 95 (same topic id) and a subscription joins before any
+    micro-batch shows it. Its check lowers the read's frontier to the cut, so no micro-batch would ever end below
+    the frontier for the others: they must be checked now too, or they would skip the cut log's new offsets
+    95..99 as read. Kafka's watermarks are read again first (those given were read before the joiner came)."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "b", "c"), marks={0: (0, 100)})
+    a, b, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "abc")
+    for state in (a, b, c):
+        state.positions = {0: 100}
+    pipeline.check_log({0: (0, 100)}, "id")
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    resting = pipeline.remove(c.id)
+
+    pipeline.kafka_marks = lambda: {0: (0, 95)}
+    pipeline.add(resting, {0: (0, 95)}, "id")
+    assert resting.positions == a.positions == b.positions == {0: 95}
+    assert pipeline.frontier == {0: 95}
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_joiners_watermarks_read_before_a_micro_batch_ended_are_not_taken_for_a_cut(tmp_path):
+    """The joiner's watermarks (100) were read before a micro-batch ended the read at 110: read again, Kafka's
+    log ends at 112, so nothing was cut: no one is reset and the frontier stays at the batch's end."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
+    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
+    a.positions, c.positions = {0: 100}, {0: 100}
+    pipeline.check_log({0: (0, 100)}, "id")
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    resting = pipeline.remove(c.id)
+    micro_batch(pipeline, 1, {0: (100, 110)}, [0])
+    assert a.positions == {0: 110}
+
+    pipeline.kafka_marks = lambda: {0: (0, 112)}
+    pipeline.add(resting, {0: (0, 100)}, "id")
+    assert a.positions == {0: 110} and resting.positions == {0: 100}
+    assert pipeline.frontier == {0: 110} and resting.catching_up
+    pipeline.context.writer.close(10.0)
+    from herald.storage.tables import UNDELIVERED
+
+    assert [r for r in pipeline.context.store.read(UNDELIVERED).to_pylist() if r["ended_by"] == "reset"] == []

@@ -41,6 +41,7 @@ from herald.engine.round.result import (
 )
 from herald.engine.round.state import SubscriptionState
 from herald.engine.upkeep import moves
+from herald.source.kafka_offsets import partition_watermarks
 from herald.storage import Slice
 from herald.storage.tables import DELIVERED, DISCARDED, OFFSETS, RELEASED
 
@@ -90,13 +91,44 @@ class TopicPipeline:
     def add(self, state: SubscriptionState, marks: dict[int, tuple[int, int]] | None = None,
             topic_id: str | None = None) -> None:
         """Deliver one more subscription. marks / topic_id: Kafka's offsets and id of the topic now, to see whether
-        the log its positions are in went back while it was not delivered (`check_log`)."""
+        the log its positions are in went back while it was not delivered (`check_log`). When Kafka's log ends
+        below the read's frontier (cut, not just past what `marks` saw), every subscription is checked, not the
+        joiner alone: once the frontier is lowered to the cut, no micro-batch would show it to the others."""
         if marks is not None:
-            self.check_log(marks, topic_id, states=[state])
+            marks, cut = self._below_frontier(marks)
+            with self.lock:
+                states = list(self.states.values()) + [state] if cut else [state]
+            self.check_log(marks, topic_id, states=states)
         with self.lock:
             state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
             state.topic_end = self.frontier or {}
             self.states[state.id] = state
+
+    def _below_frontier(self, marks: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], bool]:
+        """(Kafka's watermarks to check a joiner with, whether Kafka's log ends below the read's frontier). When
+        `marks` (read before) end a partition below the frontier, they are read again: `marks` alone cannot tell,
+        as a micro-batch may have ended past them since; one never ends past Kafka's end, so watermarks read
+        after the frontier that are below it are a log that went back (cut, or the topic created again). When
+        Kafka cannot say now: `marks`, and False (the next micro-batch's ends, or the periodic id check, find
+        it)."""
+        with self.lock:
+            frontier = dict(self.frontier or {})
+
+        def below(found) -> bool:
+            return any(partition in frontier and high < frontier[partition] for partition, (_, high) in found.items())
+
+        if not below(marks):
+            return marks, False
+        try:
+            now = self.kafka_marks()
+        except Exception as error:  # noqa: BLE001 - see above
+            log.info("%s: Kafka's offsets cannot be read again now (%s)", self.kafka_topic, error)
+            return marks, False
+        return now, below(now)
+
+    def kafka_marks(self) -> dict[int, tuple[int, int]]:
+        """Kafka's (low, high) watermarks of the topic's partitions now."""
+        return partition_watermarks(self.context.client_config, [self.kafka_topic])[self.kafka_topic]
 
     def remove(self, subscription_id: str) -> SubscriptionState | None:
         """Stop delivering a subscription (suspended or deleted); a round delivering it now finishes first. A
