@@ -34,3 +34,15 @@ def test_a_subscription_at_full_speed_reads_max_offsets_per_trigger(tmp_path):
     catchup, _ = _topic(tmp_path, FlowMode.NORMAL)
     _, ranges, _ = catchup._group()
     assert sum(end - start for start, end in ranges.values()) == 10_000
+
+
+def test_a_catch_up_read_stays_within_kafkas_log():
+    """Below the low watermark: read from it, the rest recorded lost. Past the high watermark (a log that went
+    back since the frontier was set): read to it, not past, or a round that read its range to the end would
+    move the positions over offsets new messages will take. A partition Kafka does not list: not read."""
+    from herald.engine.triggers.catchup import within_log
+
+    ranges = {0: (5, 20), 1: (10, 12), 2: (0, 8), 3: (15, 30)}
+    clamped, deleted = within_log(ranges, {0: (8, 40), 1: (0, 4), 3: (0, 50)})
+    assert clamped == {0: (8, 20), 1: (4, 4), 3: (15, 30)}
+    assert deleted == [(0, 5, 8)]

@@ -162,10 +162,12 @@ def test_a_reset_applied_after_its_round_leaves_the_frontier_alone(tmp_path):
     micro_batch(pipeline, 0, {0: (100, 100)}, [0])
     b.busy = True  # its catch-up round is in flight
     pipeline.check_log({0: (0, 3)}, "new-id")
-    micro_batch(pipeline, 1, {0: (3, 50)}, [0])  # the new log's batch: the frontier is 50
+    micro_batch(pipeline, 1, {0: (3, 50)}, [0])  # may have been planned on the old log: the frontier stays at 3
+    assert pipeline.frontier == {0: 3}
+    micro_batch(pipeline, 2, {0: (50, 60)}, [0])  # the new log's batch: the frontier is 60
     b.busy = False
     pipeline.apply([type("Member", (), {"state": b})()], [])  # its round ends with nothing: its reset applies
-    assert b.positions == {0: 0} and pipeline.frontier == {0: 50}
+    assert b.positions == {0: 0} and pipeline.frontier == {0: 60}
     pipeline.context.writer.close(10.0)
 
 
@@ -269,3 +271,66 @@ def test_a_joiners_watermarks_read_before_a_micro_batch_ended_are_not_taken_for_
     from herald.storage.tables import UNDELIVERED
 
     assert [r for r in pipeline.context.store.read(UNDELIVERED).to_pylist() if r["ended_by"] == "reset"] == []
+
+
+def _fewer_partitions_mid_batch(tmp_path):
+    """Partitions 0 and 1 at 10; a micro-batch reading partition 1 to 12 is delivered when the topic is found
+    created again with partition 0 only."""
+    from tests.support.rounds import micro_batch, report
+
+    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
+    (a,) = pipeline.states.values()
+    a.positions = {0: 10, 1: 10}
+    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
+    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    ranges = {0: (10, 10), 1: (10, 12)}
+    batch = pipeline.begin_batch(1, ranges, f"stream:{TOPIC}", tasks=1, may_replay=False)
+    pipeline.check_log({0: (0, 4)}, "new-id")
+    pipeline.finish_batch(batch, lambda: [report(ranges, [0])])
+    return pipeline, a
+
+
+def test_a_partition_the_topic_lost_mid_batch_stays_out_at_the_batchs_end(tmp_path):
+    """The Python source keeps partition 1 at the batch's end (12), not where the frontier was (10): its empty
+    ranges there stay out of the read, or every subscription would be sent to catch up on a partition Kafka does
+    not have, and, once it is added back, the go-back to its start taken for a cut log (false LOST rows)."""
+    pipeline, a = _fewer_partitions_mid_batch(tmp_path)
+    assert a.positions == {0: 0, 1: 0} and pipeline.frontier == {0: 4}
+    assert pipeline.listed({0: (4, 4), 1: (12, 12)}) == {0: (4, 4)}
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_joiners_check_when_the_partition_is_listed_again_keeps_old_ranges_out(tmp_path):
+    """Partition 1 is listed again (added back) when a subscription joins: a range of it planned before, empty at
+    its old end, is still left out; the source's go-back to its start brings it in."""
+    from herald.engine.round.state import SubscriptionState
+
+    pipeline, a = _fewer_partitions_mid_batch(tmp_path)
+    joiner = SubscriptionState(a.subscription, {0: 0, 1: 0})
+    joiner.topic_id = "new-id"
+    pipeline.kafka_marks = lambda: {0: (0, 4), 1: (0, 5)}
+    pipeline.check_log({0: (0, 4), 1: (0, 5)}, "new-id", states=[joiner])
+    assert pipeline.listed({0: (4, 4), 1: (12, 12)}) == {0: (4, 4)}
+    assert pipeline.listed({0: (4, 4), 1: (0, 0)}) == {0: (4, 4), 1: (0, 0)}
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_micro_batch_planned_before_a_reset_and_delivered_after_it_leaves_the_frontier_in_the_new_log(tmp_path):
+    """Spark planned the micro-batch on the old log (10..12), and the periodic id check found the topic created
+    again before its round began: the batch's end is the old log's, so the frontier stays at the new log's end
+    (4); taken, the subscriptions would catch up towards offsets the new log lacks, and the next micro-batch's
+    ends be taken for a cut (false LOST rows). The micro-batch after that moves it again."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (0, 10)})
+    (a,) = pipeline.states.values()
+    a.positions = {0: 10}
+    pipeline.check_log({0: (0, 10)}, "old-id")
+    micro_batch(pipeline, 0, {0: (10, 10)}, [0])
+    ranges = pipeline.listed({0: (10, 12)})
+    pipeline.check_log({0: (0, 4)}, "new-id")
+    micro_batch(pipeline, 1, ranges, [0])
+    assert a.positions == {0: 0} and pipeline.frontier == {0: 4}
+    micro_batch(pipeline, 2, {0: (4, 9)}, [0])
+    assert pipeline.frontier == {0: 9}
+    pipeline.context.writer.close(10.0)

@@ -38,7 +38,6 @@ class BatchRound(TopicRound):
         self.subscriptions: list[Subscription] = []
         self.plan: TaskPlan | None = None
         self.topic_id: str | None = None  # Kafka's id of the topic when it was planned: its positions are in that log
-        self.cuts_seen: dict[int, int] = {}  # the pipeline's `cuts` when it was planned
         self.reports: Callable[[], list] | None = None
         self.round = Round(pipeline.context, self)
 
@@ -62,7 +61,6 @@ class BatchRound(TopicRound):
             participants = pipeline.claim_participants(self.subscriptions, ranges)  # marked busy: `take` frees them
             pipeline.batch_in_progress = True
             self.topic_id = pipeline.topic_id
-            self.cuts_seen = dict(pipeline.cuts)
         return participants
 
     def prepare(self, participants: list[Participant]) -> None:  # failing, they catch up on the batch
@@ -83,26 +81,14 @@ class BatchRound(TopicRound):
                 for p in participants]
 
     def take(self, participants: list[Participant], results: list[SubscriptionOutcome]) -> int:
-        """`apply`, and the frontier at the batch's end: those that failed catch up on the batch. Where Kafka's log
-        went back while the batch was delivered (the topic's id changed: every partition; else the partitions
-        whose frontier `check_log` lowered), the batch's ends are in the old log: the frontier stays where
-        `check_log` put it, within the new one."""
+        """`apply`, and the frontier at the batch's end (`TopicPipeline.batch_ended`: not where Kafka's log went
+        back since the last batch): those that failed catch up on the batch."""
         pipeline = self.pipeline
         with pipeline.lock:
             try:
                 return pipeline.apply(participants, results, self.topic_id)
             finally:
-                recreated = self.topic_id is not None and pipeline.topic_id != self.topic_id
-                old_log = {p for p in self.ranges
-                           if recreated or pipeline.cuts.get(p, 0) != self.cuts_seen.get(p, 0)}
-                if old_log:
-                    log.info("%s batch %d: the topic's log went back while it was delivered; the read's frontier "
-                             "stays in the new log for partition(s) %s", pipeline.kafka_topic, self.batch_id,
-                             sorted(old_log))
-                frontier = pipeline.frontier or {}  # a partition new in this batch and read in the old log: left out
-                pipeline.set_frontier({p: (start, frontier[p] if p in old_log else end)
-                                       for p, (start, end) in self.ranges.items()
-                                       if p not in old_log or p in frontier})
+                pipeline.batch_ended(self.ranges, self.batch_id)
                 pipeline.batch_in_progress = False
 
     def drop(self, participants: list[Participant]) -> None:  # the frontier does not move

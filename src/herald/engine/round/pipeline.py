@@ -64,6 +64,9 @@ class TopicPipeline:
         self.cuts: dict[int, int] = {}  # per partition, times `check_log` lowered the frontier to Kafka's log
         # partitions Kafka no longer lists (the topic created again with fewer) -> the end the read had there
         self.unlisted: dict[int, int] = {}
+        # (topic id, cuts) when the read's last micro-batch ended (or the read started): a micro-batch planned on
+        # the log before a `check_log` since then may have read the old log (`batch_ended`)
+        self._log_at_last_batch: tuple[str | None, dict[int, int]] = (None, {})
         self.batch_in_progress = False
         # (slice, stamp -> its tables, urgent, new, the round tokens it waits for): moves and resets, after rounds'
         # rows
@@ -213,8 +216,6 @@ class TopicPipeline:
             if resets:
                 log.warning("%s; %d subscription(s) go on from the new offsets; what they had not read of the old "
                             "ones is recorded LOST", resets[0].describe(), len(resets))
-            for partition in marks:
-                self.unlisted.pop(partition, None)
             if marks:  # a partition Kafka does not list is not in the topic (any more): out of the frontier
                 for partition, end in {**(read_at or {}), **(self.frontier or {})}.items():
                     if partition not in marks:
@@ -369,6 +370,9 @@ class TopicPipeline:
         with self.lock:
             self.read = read
             self.frontier = dict(frontier)
+            self._log_at_last_batch = (self.topic_id, dict(self.cuts))
+            for partition in frontier:  # the read knows it: Kafka lists it (`check_log` left it out otherwise)
+                self.unlisted.pop(partition, None)
             self.replay_possible = True
             self.healthy = False
             for state in self.states.values():
@@ -381,14 +385,14 @@ class TopicPipeline:
         end (a replayed batch whose start is unknown: subscriptions behind it catch up), and the next batch is
         not a replay for it."""
         with self.lock:
-            self.set_frontier(ranges)
+            self.batch_ended(ranges)
         self.replay_possible = False
 
     def round_failed(self, ranges: dict[int, tuple[int, int]], error: str) -> None:
         """Its round of a micro-batch failed: the read is past `ranges` anyway; the subscriptions that did not
         record them are behind and catch up on them."""
         with self.lock:
-            self.set_frontier(ranges)
+            self.batch_ended(ranges)
         self.round_error = error
         self.failed_rounds += 1
 
@@ -426,7 +430,7 @@ class TopicPipeline:
             # it (those that are not catch up); delivering it again would replace its rows with an empty round's
             log.info("%s batch %d: recorded before the restart; not delivered again", self.kafka_topic, batch_id)
             with self.lock:
-                self.set_frontier(ranges)
+                self.batch_ended(ranges)
             self.replay_possible = False
             return None
         batch = BatchRound(self, batch_id, ranges, writer, tasks)
@@ -447,6 +451,25 @@ class TopicPipeline:
         meanwhile applied. Nothing of the failed job is recorded."""
         batch.round.abandon()
         self.flush_moves()
+
+    def batch_ended(self, ranges: dict[int, tuple[int, int]], batch_id: int | None = None) -> None:
+        """(lock held) A micro-batch of the read ended at the end of `ranges`: the frontier moves there, but where
+        Kafka's log went back since the read's last micro-batch ended (the topic's id changed: every partition;
+        else the partitions `check_log` lowered the frontier of), as Spark may have planned this one before: its
+        ends may be in the old log, and the frontier stays where `check_log` put it, within the new one (a
+        partition `check_log` left out stays out, its end in the old log remembered: `listed`)."""
+        topic_id, cuts = self._log_at_last_batch
+        recreated = topic_id is not None and self.topic_id != topic_id
+        old_log = {p for p in ranges if recreated or self.cuts.get(p, 0) != cuts.get(p, 0)}
+        if old_log:
+            log.info("%s batch %s: the topic's log went back since the read's last micro-batch; the read's frontier "
+                     "stays in the new log for partition(s) %s", self.kafka_topic, batch_id, sorted(old_log))
+        frontier = self.frontier or {}
+        for partition in old_log & set(self.unlisted):
+            self.unlisted[partition] = ranges[partition][1]
+        self.set_frontier({p: (start, frontier[p] if p in old_log else end) for p, (start, end) in ranges.items()
+                           if p not in old_log or p in frontier})
+        self._log_at_last_batch = (self.topic_id, dict(self.cuts))
 
     def set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
         """(lock held) The query is now at the end of `ranges`; the subscriptions behind it catch up."""

@@ -147,20 +147,30 @@ class CatchUp:
         return Round(self.pipeline.context, CatchUpRound(self)).run() is not None
 
     def _within_retention(self, ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], Lost]:
-        """(the ranges to read, the offsets of them already deleted): a range that starts below what Kafka still
-        holds is read from its earliest offset, and what is below is lost (recorded by the round). A partition
-        Kafka does not list (the topic created again with fewer) is not read: its position stays."""
+        """`within_log` of Kafka's watermarks now."""
         pipeline = self.pipeline
         marks = partition_watermarks(pipeline.context.client_config, [pipeline.kafka_topic])[pipeline.kafka_topic]
-        clamped, deleted = {}, []
-        for partition, (start, end) in ranges.items():
-            if partition not in marks:
-                continue
-            low = marks[partition][0]
-            if start < low:
-                deleted.append((partition, start, min(low, end)))
-            clamped[partition] = (min(max(start, low), end), end)
-        return clamped, deleted
+        return within_log(ranges, marks)
+
+
+def within_log(ranges: dict[int, tuple[int, int]],
+               marks: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], Lost]:
+    """(the ranges to read, the offsets of them already deleted), within Kafka's log (`marks`: partition -> (low,
+    high)): a range that starts below what Kafka still holds is read from its earliest offset, and what is below
+    is lost (recorded by the round); one that ends past Kafka's end is read to that end, as the offsets past it
+    are not there (yet: the topic created again, or its log cut, since the frontier was set), and a round that
+    read a range to its end moves the positions there. A partition Kafka does not list (the topic created again
+    with fewer) is not read: its position stays."""
+    clamped, deleted = {}, []
+    for partition, (start, end) in ranges.items():
+        if partition not in marks:
+            continue
+        low, high = marks[partition]
+        end = min(end, high)
+        if start < low:
+            deleted.append((partition, start, min(low, end)))
+        clamped[partition] = (min(max(start, low), end), end)
+    return clamped, deleted
 
 
 class CatchUpRound(TopicRound):
