@@ -259,3 +259,18 @@ def test_a_topic_whose_id_changed_while_running_is_checked_once_per_poll(world, 
     assert checked == [("b", {0: (0, 10)}, "id-b-new")]
     topics.check_topic_ids()
     assert len(asked) == 1, "once per configPollMs"
+
+
+def test_a_topic_whose_id_was_not_known_at_start_is_checked_when_kafka_gives_it(world, monkeypatch):
+    """Kafka gave no id for `b` when the job started (a lookup that failed): the periodic check still asks, and
+    hands the id to the pipeline, whose subscriptions' rows may name the id their positions are in (a topic
+    created again meanwhile is found then). A topic Kafka gives no id for is left alone."""
+    topics, clock, _ = world("a", "b")
+    topics.context.config.settings.streaming.config_poll_s = 2.0
+    checked = []
+    for name, pipeline in topics.pipelines.items():
+        pipeline.topic_id = None
+        pipeline.check_log = lambda marks, topic_id, name=name: checked.append((name, topic_id))
+    monkeypatch.setattr(topics_module, "topic_ids", lambda config, names: {"b": "id-b"} if "b" in names else {})
+    topics.check_topic_ids()
+    assert checked == [("b", "id-b")]

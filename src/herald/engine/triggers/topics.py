@@ -198,15 +198,16 @@ class Topics:
     def check_topic_ids(self) -> None:
         """Every `configPollMs`, ask Kafka for the ids of the topics read: one deleted and created again while the
         job runs, whose new log grew past where the read was before the job looked, shows only there (its end
-        offsets never went back), and goes on from its new start (`TopicPipeline.check_log`). Kafka is asked
-        without the topics' lock; a broker that gives no ids, or cannot answer, changes nothing."""
+        offsets never went back), and goes on from its new start (`TopicPipeline.check_log`). A topic whose id the
+        job does not know yet (Kafka did not say when it started) is asked too: its subscriptions' rows may name
+        the id their positions are in. Kafka is asked without the topics' lock; a broker that gives no ids, or
+        cannot answer, changes nothing."""
         now = time.monotonic()
         if now < self._next_id_check:
             return
         self._next_id_check = now + self.context.config.settings.streaming.config_poll_s
         with self.lock:
-            pipelines = {pipeline.kafka_topic: pipeline for pipeline in self.pipelines.values()
-                         if pipeline.topic_id is not None}
+            pipelines = {pipeline.kafka_topic: pipeline for pipeline in self.pipelines.values()}
         if not pipelines:
             return
         found = topic_ids(self.context.client_config, list(pipelines))
