@@ -75,3 +75,12 @@ def test_a_topic_created_again_with_fewer_partitions_resets_the_partition_it_no_
     assert gone.position_after(10) == 0 and gone.lost(10) is None and gone.lost(4) == (4, 10)
     assert "1: 10 -> not in the topic" in reset.describe()
     assert find_reset("t", {0: 20, 1: 10}, "A", {0: (0, 30)}, "A", 1) is None
+
+
+def test_a_micro_batch_planned_past_kafkas_end_is_told():
+    """A logged micro-batch a restart would replay first: planned on a log cut (or created again) since, its ends
+    are past Kafka's end, or in a partition Kafka no longer lists; within the log, nothing is told."""
+    from herald.engine.round.resets import past_the_log
+
+    assert past_the_log({0: 110, 1: 50, 2: 7}, {0: (0, 105), 1: (0, 60)}) == [0, 2]
+    assert past_the_log({0: 105, 1: 60}, {0: (0, 105), 1: (3, 60)}) == []

@@ -67,6 +67,8 @@ class TopicPipeline:
         # (topic id, cuts) when the read's last micro-batch ended (or the read started): a micro-batch planned on
         # the log before a `check_log` since then may have read the old log (`batch_ended`)
         self._log_at_last_batch: tuple[str | None, dict[int, int]] = (None, {})
+        self._held: dict[int, int] = {}  # partitions `batch_ended` held at `check_log`'s frontier -> the batch's end
+        self._batches_ended = 0  # `batch_ended` calls: `settle_frontier` moves only the latest one's held ends
         self.batch_in_progress = False
         # (slice, stamp -> its tables, urgent, new, the round tokens it waits for): moves and resets, after rounds'
         # rows
@@ -101,7 +103,7 @@ class TopicPipeline:
             marks, cut = self._below_frontier(marks)
             with self.lock:
                 states = list(self.states.values()) + [state] if cut else [state]
-            self.check_log(marks, topic_id, states=states)
+            self.check_log(marks, topic_id, states=states, read_moved=cut)
         with self.lock:
             state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
             state.topic_end = self.frontier or {}
@@ -112,8 +114,8 @@ class TopicPipeline:
         `marks` (read before) end a partition below the frontier, they are read again: `marks` alone cannot tell,
         as a micro-batch may have ended past them since; one never ends past Kafka's end, so watermarks read
         after the frontier that are below it are a log that went back (cut, or the topic created again). When
-        Kafka cannot say now: `marks`, and False (the next micro-batch's ends, or the periodic id check, find
-        it)."""
+        Kafka cannot say now: `marks` with their ends raised to the frontier, and False (no cut is taken from
+        them: the next micro-batch's ends, or the periodic id check, find one)."""
         with self.lock:
             frontier = dict(self.frontier or {})
 
@@ -126,7 +128,7 @@ class TopicPipeline:
             now = self.kafka_marks()
         except Exception as error:  # noqa: BLE001 - see above
             log.info("%s: Kafka's offsets cannot be read again now (%s)", self.kafka_topic, error)
-            return marks, False
+            return {p: (low, max(high, frontier.get(p, high))) for p, (low, high) in marks.items()}, False
         return now, below(now)
 
     def kafka_marks(self) -> dict[int, tuple[int, int]]:
@@ -195,18 +197,21 @@ class TopicPipeline:
     # -- offsets that go back (engine/round/resets.py) -----------------------------------------------------------
     def check_log(self, marks: dict[int, tuple[int, int]], topic_id: str | None,
                   read_at: dict[int, int] | None = None,
-                  states: list[SubscriptionState] | None = None) -> dict[int, int] | None:
+                  states: list[SubscriptionState] | None = None, read_moved: bool = True) -> dict[int, int] | None:
         """Kafka's log of the topic now: `marks` (partition -> (low, high)) and its id (None: not given). Every
         subscription (of `states`, None: the topic's; all of them, `states` too, when the id is not the one the
         job knows) whose log went back (the topic created again, or a
         partition cut) goes on from the new log, and it is recorded (`_reset`; a subscription a round delivers
         now, once that round is over); the read's frontier, and `read_at` (where a checkpoint left the read),
-        are kept within the log. Returns `read_at` so kept."""
+        are kept within the log. Returns `read_at` so kept. read_moved=False: `marks` may have been read before the
+        read's frontier was set (a joiner's), so they say nothing of it: the frontier is left alone, unless the
+        topic's id changed."""
         found_ms = now_ms()
         with self.lock:
             if states is not None and topic_id and self.topic_id and topic_id != self.topic_id:
                 # not the id the job knows: every subscription of the topic is looked at, not `states` alone
                 states = list(self.states.values()) + [s for s in states if s.id not in self.states]
+                read_moved = True
             states = list(self.states.values()) if states is None else states
             # what the job knows of the log, for the subscriptions whose id says nothing
             unsure = [s for s in states if not ((s.topic_id or self.topic_id) and topic_id)]
@@ -216,11 +221,12 @@ class TopicPipeline:
             if resets:
                 log.warning("%s; %d subscription(s) go on from the new offsets; what they had not read of the old "
                             "ones is recorded LOST", resets[0].describe(), len(resets))
-            if marks:  # a partition Kafka does not list is not in the topic (any more): out of the frontier
+            if marks and read_moved:  # a partition Kafka does not list is not in the topic (any more): out of the
+                # frontier
                 for partition, end in {**(read_at or {}), **(self.frontier or {})}.items():
                     if partition not in marks:
                         self.unlisted[partition] = end
-            if self.frontier is not None:
+            if self.frontier is not None and read_moved:
                 within = {p: min(end, marks[p][1]) for p, end in self.frontier.items() if p in marks}
                 for partition, end in self.frontier.items():
                     if within.get(partition, -1) < end:  # a micro-batch in flight read the old log there
@@ -470,6 +476,39 @@ class TopicPipeline:
         self.set_frontier({p: (start, frontier[p] if p in old_log else end) for p, (start, end) in ranges.items()
                            if p not in old_log or p in frontier})
         self._log_at_last_batch = (self.topic_id, dict(self.cuts))
+        self._held = {p: ranges[p][1] for p in old_log if p not in self.unlisted}
+        self._batches_ended += 1
+
+    def settle_frontier(self) -> None:
+        """After a micro-batch whose ends `batch_ended` held (outside the lock): Kafka's end offsets read now,
+        after the reset, bound how far the read is in the new log. The read goes on from the batch's end in
+        whichever log Kafka has (or, past that log's end, from its end), so the frontier of a held partition moves
+        to the lower of the two: the subscriptions sent to the new log's start catch up on all the read will not
+        give them, without waiting for the topic's next micro-batch (none comes while it is quiet), and never
+        past what Kafka holds. Nothing when the log went back again meanwhile, another micro-batch ended, or Kafka
+        cannot say now (the next micro-batch moves the frontier)."""
+        with self.lock:
+            held, ended, log_at = dict(self._held), self._batches_ended, self._log_at_last_batch
+        if not held:
+            return
+        try:
+            marks = self.kafka_marks()
+        except Exception as error:  # noqa: BLE001 - see above
+            log.info("%s: Kafka's offsets cannot be read now (%s); the frontier moves with the next micro-batch",
+                     self.kafka_topic, error)
+            return
+        with self.lock:
+            if ended != self._batches_ended or (self.topic_id, self.cuts) != log_at or self.frontier is None:
+                return
+            frontier = dict(self.frontier)
+            for partition, end in held.items():
+                if partition in marks:
+                    frontier[partition] = max(frontier.get(partition, 0), min(end, marks[partition][1]))
+            self._held = {}
+            self.set_frontier({p: (end, end) for p, end in frontier.items()})
+            self._log_at_last_batch = (self.topic_id, dict(self.cuts))
+        if self.catchup is not None:
+            self.catchup.wake()
 
     def set_frontier(self, ranges: dict[int, tuple[int, int]]) -> None:
         """(lock held) The query is now at the end of `ranges`; the subscriptions behind it catch up."""

@@ -109,6 +109,12 @@ def known_ends(*offsets: Mapping[int, int] | None) -> dict[int, int]:
     return ends
 
 
+def past_the_log(ends: Mapping[int, int], marks: Mapping[int, tuple[int, int]]) -> list[int]:
+    """The partitions whose end offset in a micro-batch Spark planned (`ends`) is past Kafka's end now (`marks`:
+    partition -> (low, high)), or that Kafka does not list: the batch was planned on a log that went back."""
+    return sorted(p for p, end in ends.items() if p not in marks or end > marks[p][1])
+
+
 def went_back(ends: Mapping[int, int], known: Mapping[int, int]) -> list[int]:
     """The partitions whose end offset in a micro-batch (`ends`) is below how far the job knew their log went:
     worth asking Kafka whether the topic was reset."""

@@ -38,6 +38,7 @@ from herald.config.model import ContentType
 from herald.engine.context import EngineContext
 from herald.engine.round.fanout import reports_by_round
 from herald.engine.round.projection import project_topics
+from herald.engine.round.resets import past_the_log
 from herald.engine.round.steps import input_partitions
 from herald.engine.round.task import ROUND, ROUNDS_REPORT_DDL, rounds_task
 from herald.engine.triggers import checkpoint as checkpoints
@@ -121,10 +122,14 @@ class SharedRead:
         marks = partition_watermarks(context.client_config, self.kafka_topics)  # raises for a topic Kafka lacks
         ids = topic_ids(context.client_config, self.kafka_topics)
         committed = self._committed() if resuming else {}
+        # the last micro-batch Spark logged, replayed first: planned on a log that went back since, it would end
+        # past Kafka's end, and its replay put the read's frontier there
+        planned = (checkpoints.logged_topics(context.spark, self.checkpoint, logged) or {}) if resuming else {}
         stale = []
         for topic, pipeline in self.pipelines.items():  # a topic created again, or cut (engine/round/resets.py)
             kept = pipeline.check_log(marks[topic], ids.get(topic), committed.get(topic))
-            if kept is not None and kept != committed.get(topic):
+            replay_past = past_the_log(planned.get(topic, {}), marks[topic])
+            if (kept is not None and kept != committed.get(topic)) or replay_past:
                 stale.append(topic)
         if stale:  # where it left off is past the end of a log that is gone: a new read starts at the positions
             log.warning("the read's checkpoint is past the end of %s (its log went back): a new one starts",
@@ -204,6 +209,11 @@ class SharedRead:
             self._deliver_all(batch_df, batch_id)
             self.healthy = True
         finally:
+            for pipeline in self.pipelines.values():  # where the batch's ends were held after a reset
+                try:
+                    pipeline.settle_frontier()
+                except Exception:  # noqa: BLE001 - the next micro-batch moves the frontier
+                    log.exception("%s: after micro-batch %d", pipeline.kafka_topic, batch_id)
             self._idle.set()
 
     def _deliver_all(self, batch_df, batch_id: int) -> None:
