@@ -420,3 +420,28 @@ def test_a_cut_found_after_new_messages_landed_past_the_cut_delivers_them(tmp_pa
     pipeline.check_log({0: (0, 108)}, "id")
     pipeline.context.writer.close(10.0)
     assert a.positions == {0: 105}
+
+
+def test_a_reset_found_without_the_topic_id_is_not_found_again_when_the_id_comes(tmp_path):
+    """The topic is created again and its offsets went back while Kafka gave no id (a lookup that timed out):
+    the reset is found by the end offsets. When the periodic check then learns the new id, the subscription,
+    already in the new log (at 15 of it), is not sent back to 0 again with a LOST row for 15..19 it is about to
+    read; a partition the end offsets did not show (its new log past the old position) is reset then."""
+    from herald.storage.tables import UNDELIVERED
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 100), 1: (0, 10)})
+    (a,) = pipeline.states.values()
+    a.positions = {0: 100, 1: 10}
+    pipeline.check_log({0: (0, 100), 1: (0, 10)}, "old-id")
+    micro_batch(pipeline, 0, {0: (100, 100), 1: (10, 10)}, [0])
+    pipeline.check_log({0: (0, 4), 1: (0, 30)}, None)  # partition 1's new log is already past 10
+    assert a.positions == {0: 0, 1: 10} and a.topic_id == "old-id"
+    a.positions = {0: 15, 1: 30}  # catch-up and the read went on
+    pipeline.check_log({0: (0, 20), 1: (0, 30)}, "new-id")
+    assert a.positions == {0: 15, 1: 0}, "partition 0 is in the new log already; partition 1 was not"
+    assert a.topic_id == "new-id" and not a.reset_without_id
+    pipeline.context.writer.close(10.0)
+    rows = sorted((r["partition"], r["status"], r["offset"]) for r in pipeline.context.store.read(UNDELIVERED)
+                  .to_pylist() if r["ended_by"] == "reset")
+    assert rows == [(0, "RESET", 100), (1, "RESET", 30)]

@@ -236,6 +236,8 @@ class TopicPipeline:
                 reset = found.get(state.id)
                 if reset is None:
                     state.topic_id = topic_id or state.topic_id
+                    if topic_id:
+                        state.reset_without_id = set()
                     continue
                 pending = PendingReset(reset, dict(state.positions))
                 if state.busy:  # its round ends first (`apply`); a newer reset takes the place of one waiting
@@ -277,8 +279,11 @@ class TopicPipeline:
         by Kafka's end offsets against all the job knows of the log (`shared`)."""
         known_id = state.topic_id or self.topic_id
         if known_id and topic_id:
-            return find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), known_id, marks,
-                              topic_id, found_ms)
+            reset = find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), known_id, marks,
+                               topic_id, found_ms)
+            if reset is not None and known_id != topic_id and state.reset_without_id:
+                reset = reset.without(state.reset_without_id)  # in the new log already (`_reset`)
+            return reset
         return find_reset(self.kafka_topic, known_ends(shared, state.positions, state.topic_end), None, marks, None,
                           found_ms)
 
@@ -301,6 +306,10 @@ class TopicPipeline:
             if partition in state.topic_end:
                 state.topic_end[partition] = min(state.topic_end[partition], part.high)
         state.idle = None
+        if reset.topic_id is None:  # a new log, by its end offsets: its id, once Kafka gives it, is no news there
+            state.reset_without_id |= set(reset.partitions)
+        else:
+            state.reset_without_id = set()
         state.topic_id = reset.topic_id or state.topic_id
         state.rows_topic_id = None  # its rows name the id for the partitions reset only: the next round's, for all
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
