@@ -208,14 +208,17 @@ class TopicPipeline:
         topic's id changed."""
         found_ms = now_ms()
         with self.lock:
-            if states is not None and topic_id and self.topic_id and topic_id != self.topic_id:
-                # not the id the job knows: every subscription of the topic is looked at, not `states` alone
+            if states is not None and topic_id and topic_id != self.topic_id:
+                # not the id the job knows (or the first it learns: the others' rows may name another): every
+                # subscription of the topic is looked at, not `states` alone
                 states = list(self.states.values()) + [s for s in states if s.id not in self.states]
                 read_moved = True
             states = list(self.states.values()) if states is None else states
-            # what the job knows of the log, for the subscriptions whose id says nothing
+            # what the job knows of the log, for the subscriptions whose id says nothing (the frontier only when
+            # `marks` were read after it)
             unsure = [s for s in states if not ((s.topic_id or self.topic_id) and topic_id)]
-            shared = known_ends(self.frontier, read_at, *[s.positions for s in unsure], *[s.topic_end for s in unsure])
+            shared = known_ends(self.frontier if read_moved else None, read_at, *[s.positions for s in unsure],
+                                *[s.topic_end for s in unsure])
             found = {state.id: self._reset_of(state, marks, topic_id, shared, found_ms) for state in states}
             resets = [reset for reset in found.values() if reset is not None]
             if resets:
@@ -236,8 +239,6 @@ class TopicPipeline:
                 reset = found.get(state.id)
                 if reset is None:
                     state.topic_id = topic_id or state.topic_id
-                    if topic_id:
-                        state.reset_without_id = set()
                     continue
                 pending = PendingReset(reset, dict(state.positions))
                 if state.busy:  # its round ends first (`apply`); a newer reset takes the place of one waiting
@@ -279,11 +280,8 @@ class TopicPipeline:
         by Kafka's end offsets against all the job knows of the log (`shared`)."""
         known_id = state.topic_id or self.topic_id
         if known_id and topic_id:
-            reset = find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), known_id, marks,
-                               topic_id, found_ms)
-            if reset is not None and known_id != topic_id and state.reset_without_id:
-                reset = reset.without(state.reset_without_id)  # in the new log already (`_reset`)
-            return reset
+            return find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), known_id, marks,
+                              topic_id, found_ms)
         return find_reset(self.kafka_topic, known_ends(shared, state.positions, state.topic_end), None, marks, None,
                           found_ms)
 
@@ -306,10 +304,6 @@ class TopicPipeline:
             if partition in state.topic_end:
                 state.topic_end[partition] = min(state.topic_end[partition], part.high)
         state.idle = None
-        if reset.topic_id is None:  # a new log, by its end offsets: its id, once Kafka gives it, is no news there
-            state.reset_without_id |= set(reset.partitions)
-        else:
-            state.reset_without_id = set()
         state.topic_id = reset.topic_id or state.topic_id
         state.rows_topic_id = None  # its rows name the id for the partitions reset only: the next round's, for all
         state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)

@@ -19,7 +19,7 @@ given to the new log's messages, which would otherwise take their place. See doc
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,6 @@ class TopicReset:
     topic_id: str | None
     was_id: str | None
     found_ms: int
-
-    def without(self, partitions: set[int]) -> TopicReset | None:
-        """The reset of the other partitions (None: none left)."""
-        kept = {p: part for p, part in self.partitions.items() if p not in partitions}
-        return replace(self, partitions=kept) if kept else None
 
     def describe(self) -> str:
         """The reset as a log line names it."""

@@ -42,8 +42,6 @@ class SubscriptionState:
         positions, its Kafka lag as far as the job knows it (`pending`).
     topic_id: Kafka's id of the topic its positions are in (None: not known): a topic created again has a new
         one, and positions of the old log go on from the new one's start (herald.engine.round.resets).
-    reset_without_id: partitions a reset found while Kafka gave no id sent to a new log whose id is not known
-        yet: when the id comes, a new one, they are in that log already and are not reset again.
     rows_topic_id: the topic id its newest offsets rows name (None: none, or not all of them): a round writes
         every position it covers, moved or not, while this is not the id its rows carry (`TopicPipeline._to_write`).
     flow / flow_at_s: its flow controller's state, and when (the driver's monotonic seconds; None before its
@@ -64,7 +62,6 @@ class SubscriptionState:
     topic_end: dict[int, int] = field(default_factory=dict)
     pin_id: str | None = None  # priority pinned: the pin its flow state was learnt with
     topic_id: str | None = None
-    reset_without_id: set[int] = field(default_factory=set)
     rows_topic_id: str | None = None
 
     @property
