@@ -444,11 +444,12 @@ def test_a_joiner_bringing_the_first_topic_id_the_job_learns_has_every_subscript
     pipeline.context.writer.close(10.0)
 
 
-def test_a_joiner_without_ids_is_not_reset_by_a_frontier_newer_than_its_watermarks(tmp_path):
+@pytest.mark.parametrize("joiner_id", [None, "X"], ids=["no-ids", "first-id"])
+def test_a_joiner_without_ids_is_not_reset_by_a_frontier_newer_than_its_watermarks(tmp_path, joiner_id):
     """No topic ids (an old broker). A joiner's watermarks are read again while a micro-batch moves the frontier
     past them (Kafka slow to answer, then failing): the joiner is checked against its own positions, not the
     frontier its watermarks predate, so it is not taken for a reset log (a false LOST row and the whole log
-    delivered again)."""
+    delivered again). With the first id the job learns (every subscription checked), the same for the others."""
     from tests.support.rounds import micro_batch
 
     pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
@@ -463,10 +464,54 @@ def test_a_joiner_without_ids_is_not_reset_by_a_frontier_newer_than_its_watermar
         micro_batch(pipeline, 2, {0: (110, 120)}, [0])
         raise RuntimeError("timed out")
     pipeline.kafka_marks = slow_then_failing
-    pipeline.add(resting, {0: (0, 105)}, None)
-    assert resting.positions == {0: 100} and resting.catching_up
+    pipeline.add(resting, {0: (0, 105)}, joiner_id)
+    assert resting.positions == {0: 100} and resting.catching_up and a.positions == {0: 120}
     assert pipeline.frontier == {0: 120}
     pipeline.context.writer.close(10.0)
     from herald.storage.tables import UNDELIVERED
 
     assert [r for r in pipeline.context.store.read(UNDELIVERED).to_pylist() if r["ended_by"] == "reset"] == []
+
+
+def test_a_joiner_bringing_the_first_id_is_checked_with_the_frontier_its_watermarks_saw(tmp_path):
+    """The job started while Kafka gave no id; a joiner brings X, its watermarks (105) read while the frontier
+    was 100, and a micro-batch to 110 ends before its check: every subscription is checked (the first id), but
+    against the frontier the watermarks saw, so nothing went back: no reset, the frontier stays at 110."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
+    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
+    a.positions, c.positions = {0: 100}, {0: 100}
+    pipeline.check_log({0: (0, 100)}, None)
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    resting = pipeline.remove(c.id)
+    below_frontier = pipeline._below_frontier
+
+    def then_a_batch_ends(marks):
+        found = below_frontier(marks)
+        micro_batch(pipeline, 1, {0: (100, 110)}, [0])
+        return found
+    pipeline._below_frontier = then_a_batch_ends
+    pipeline.add(resting, {0: (0, 105)}, "X")
+    assert a.positions == {0: 110} and resting.positions == {0: 100} and pipeline.frontier == {0: 110}
+    pipeline.context.writer.close(10.0)
+
+
+def test_the_first_id_showing_a_new_log_holds_a_batch_in_flight_on_the_old_one(tmp_path):
+    """The job started without ids, its subscription's rows naming A; a micro-batch of A (100..110) is in flight
+    when the first id the job learns, X, shows the topic created again (X holds 105): the batch's end is A's, so
+    the frontier does not take it (the next micro-batch, ending at 105, would be taken for a cut: a false LOST
+    row)."""
+    from tests.support.rounds import micro_batch, report
+
+    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (0, 100)})
+    (a,) = pipeline.states.values()
+    a.positions, a.topic_id = {0: 100}, "A"
+    pipeline.check_log({0: (0, 100)}, None)
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    ranges = {0: (100, 110)}
+    batch = pipeline.begin_batch(1, ranges, f"stream:{TOPIC}", tasks=1, may_replay=False)
+    pipeline.check_log({0: (0, 105)}, "X")
+    pipeline.finish_batch(batch, lambda: [report(ranges, [0])])
+    assert a.positions == {0: 0} and pipeline.frontier == {0: 100}
+    pipeline.context.writer.close(10.0)

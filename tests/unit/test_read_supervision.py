@@ -75,6 +75,9 @@ class FakePipeline:
         self.round_error = None
         self.stopped = False
 
+    def frontier_copy(self) -> dict[int, int]:
+        return {}
+
     def stop(self) -> None:
         self.stopped = True
 
@@ -250,7 +253,7 @@ def test_a_topic_whose_id_changed_while_running_is_checked_once_per_poll(world, 
     checked = []
     for name, pipeline in topics.pipelines.items():
         pipeline.topic_id = f"id-{name}"
-        pipeline.check_log = lambda marks, topic_id, name=name: checked.append((name, marks, topic_id))
+        pipeline.check_log = lambda marks, topic_id, name=name, **_: checked.append((name, marks, topic_id))
     ids = {"a": "id-a", "b": "id-b-new"}
     asked = []
     monkeypatch.setattr(topics_module, "topic_ids", lambda config, names: asked.append(sorted(names)) or
@@ -270,7 +273,7 @@ def test_a_topic_whose_id_was_not_known_at_start_is_checked_when_kafka_gives_it(
     checked = []
     for name, pipeline in topics.pipelines.items():
         pipeline.topic_id = None
-        pipeline.check_log = lambda marks, topic_id, name=name: checked.append((name, topic_id))
+        pipeline.check_log = lambda marks, topic_id, name=name, **_: checked.append((name, topic_id))
     monkeypatch.setattr(topics_module, "topic_ids", lambda config, names: {"b": "id-b"} if "b" in names else {})
     topics.check_topic_ids()
     assert checked == [("b", "id-b")]

@@ -100,36 +100,42 @@ class TopicPipeline:
         below the read's frontier (cut, not just past what `marks` saw), every subscription is checked, not the
         joiner alone: once the frontier is lowered to the cut, no micro-batch would show it to the others."""
         if marks is not None:
-            marks, cut = self._below_frontier(marks)
+            marks, cut, seen = self._below_frontier(marks)
             with self.lock:
                 states = list(self.states.values()) + [state] if cut else [state]
-            self.check_log(marks, topic_id, states=states, read_moved=cut)
+            self.check_log(marks, topic_id, states=states, seen=seen)
         with self.lock:
             state.catching_up = self.frontier is not None and behind(state.positions, self.frontier)
             state.topic_end = self.frontier or {}
             self.states[state.id] = state
 
-    def _below_frontier(self, marks: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], bool]:
-        """(Kafka's watermarks to check a joiner with, whether Kafka's log ends below the read's frontier). When
+    def _below_frontier(self, marks: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], bool,
+                                                                          dict[int, int]]:
+        """(Kafka's watermarks to check a joiner with, whether Kafka's log ends below the read's frontier, the
+        frontier they are to be compared with: `check_log`'s `seen`). When
         `marks` (read before) end a partition below the frontier, they are read again: `marks` alone cannot tell,
         as a micro-batch may have ended past them since; one never ends past Kafka's end, so watermarks read
         after the frontier that are below it are a log that went back (cut, or the topic created again). When
         Kafka cannot say now: `marks` with their ends raised to the frontier, and False (no cut is taken from
         them: the next micro-batch's ends, or the periodic id check, find one)."""
-        with self.lock:
-            frontier = dict(self.frontier or {})
+        frontier = self.frontier_copy()
 
         def below(found) -> bool:
             return any(partition in frontier and high < frontier[partition] for partition, (_, high) in found.items())
 
         if not below(marks):
-            return marks, False
+            return marks, False, frontier
         try:
             now = self.kafka_marks()
         except Exception as error:  # noqa: BLE001 - see above
             log.info("%s: Kafka's offsets cannot be read again now (%s)", self.kafka_topic, error)
-            return {p: (low, max(high, frontier.get(p, high))) for p, (low, high) in marks.items()}, False
-        return now, below(now)
+            return {p: (low, max(high, frontier.get(p, high))) for p, (low, high) in marks.items()}, False, frontier
+        return now, below(now), frontier
+
+    def frontier_copy(self) -> dict[int, int]:
+        """The read's frontier now (empty: none yet), for `check_log`'s `seen`."""
+        with self.lock:
+            return dict(self.frontier or {})
 
     def kafka_marks(self) -> dict[int, tuple[int, int]]:
         """Kafka's (low, high) watermarks of the topic's partitions now."""
@@ -197,41 +203,60 @@ class TopicPipeline:
     # -- offsets that go back (engine/round/resets.py) -----------------------------------------------------------
     def check_log(self, marks: dict[int, tuple[int, int]], topic_id: str | None,
                   read_at: dict[int, int] | None = None,
-                  states: list[SubscriptionState] | None = None, read_moved: bool = True) -> dict[int, int] | None:
+                  states: list[SubscriptionState] | None = None,
+                  seen: dict[int, int] | None = None) -> dict[int, int] | None:
         """Kafka's log of the topic now: `marks` (partition -> (low, high)) and its id (None: not given). Every
         subscription (of `states`, None: the topic's; all of them, `states` too, when the id is not the one the
         job knows) whose log went back (the topic created again, or a
         partition cut) goes on from the new log, and it is recorded (`_reset`; a subscription a round delivers
         now, once that round is over); the read's frontier, and `read_at` (where a checkpoint left the read),
-        are kept within the log. Returns `read_at` so kept. read_moved=False: `marks` may have been read before the
-        read's frontier was set (a joiner's), so they say nothing of it: the frontier is left alone, unless the
-        topic's id changed."""
+        are kept within the log. Returns `read_at` so kept. seen: the read's frontier when `marks` were read (a
+        copy taken before reading them; None: the frontier now, `marks` read after the last micro-batch ended): a
+        micro-batch may end past `marks` after they were read, so the frontier is compared with them as it was
+        then (a partition lowered where they are below that, left out where they do not list one it had)."""
         found_ms = now_ms()
         with self.lock:
             if states is not None and topic_id and topic_id != self.topic_id:
                 # not the id the job knows (or the first it learns: the others' rows may name another): every
                 # subscription of the topic is looked at, not `states` alone
                 states = list(self.states.values()) + [s for s in states if s.id not in self.states]
-                read_moved = True
             states = list(self.states.values()) if states is None else states
-            # what the job knows of the log, for the subscriptions whose id says nothing (the frontier only when
-            # `marks` were read after it)
+            then = (self.frontier or {}) if seen is None else seen
+
+            def known(offsets: dict[int, int]) -> dict[int, int]:
+                """What `offsets` (a position, an end seen) say of the log as `marks` saw it: a micro-batch that
+                ended since they were read (`seen`) may have moved them past `marks`, in the same log."""
+                if seen is None:
+                    return offsets
+                return {p: min(offset, then[p]) if p in then else offset for p, offset in offsets.items()}
+            # what the job knows of the log, for the subscriptions whose id says nothing
             unsure = [s for s in states if not ((s.topic_id or self.topic_id) and topic_id)]
-            shared = known_ends(self.frontier if read_moved else None, read_at, *[s.positions for s in unsure],
-                                *[s.topic_end for s in unsure])
-            found = {state.id: self._reset_of(state, marks, topic_id, shared, found_ms) for state in states}
+            shared = known_ends(then, read_at, *[known(s.positions) for s in unsure],
+                                *[known(s.topic_end) for s in unsure])
+            found = {state.id: self._reset_of(state, marks, topic_id, shared, found_ms, known) for state in states}
             resets = [reset for reset in found.values() if reset is not None]
             if resets:
                 log.warning("%s; %d subscription(s) go on from the new offsets; what they had not read of the old "
                             "ones is recorded LOST", resets[0].describe(), len(resets))
-            if marks and read_moved:  # a partition Kafka does not list is not in the topic (any more): out of the
-                # frontier
-                for partition, end in {**(read_at or {}), **(self.frontier or {})}.items():
-                    if partition not in marks:
+            if self.topic_id is None and any(
+                    (reset := found.get(state.id)) is not None and reset.was_id and reset.was_id != topic_id
+                    for state in states if state.id in self.states):
+                # the first id the job learns says the log the read was in with its subscriptions is an old one:
+                # a micro-batch in flight read it (`batch_ended`)
+                for partition in self.frontier or {}:
+                    self.cuts[partition] = self.cuts.get(partition, 0) + 1
+            if marks:  # a partition Kafka does not list is not in the topic (any more): out of the frontier
+                for partition, end in {**(read_at or {}), **then, **(self.frontier or {})}.items():
+                    if partition not in marks and (partition in then or partition in (read_at or {})):
                         self.unlisted[partition] = end
-            if self.frontier is not None and read_moved:
-                within = {p: min(end, marks[p][1]) for p, end in self.frontier.items() if p in marks}
+            if self.frontier is not None:
+                within = {}
                 for partition, end in self.frontier.items():
+                    if partition in marks:
+                        high = marks[partition][1]
+                        within[partition] = min(end, high) if high < then.get(partition, end) else end
+                    elif partition not in self.unlisted:  # new since `marks` were read
+                        within[partition] = end
                     if within.get(partition, -1) < end:  # a micro-batch in flight read the old log there
                         self.cuts[partition] = self.cuts.get(partition, 0) + 1
                 self.frontier = within
@@ -274,16 +299,16 @@ class TopicPipeline:
             return self.frontier is not None and bool(went_back(ends, self.frontier))
 
     def _reset_of(self, state: SubscriptionState, marks, topic_id: str | None, shared: dict[int, int],
-                  found_ms: int) -> TopicReset | None:
+                  found_ms: int, known: Callable[[dict[int, int]], dict[int, int]]) -> TopicReset | None:
         """(lock held) The reset of one subscription's log, if any: by topic id when the id its positions are in
         (or, when its rows named none, the topic's as the job knew it) and the one Kafka gives now are known, else
-        by Kafka's end offsets against all the job knows of the log (`shared`)."""
+        by Kafka's end offsets against all the job knows of the log (`shared`). `known`: its offsets as `marks`
+        can judge them (`check_log`)."""
         known_id = state.topic_id or self.topic_id
+        ends = known_ends(known(state.positions), known(state.topic_end))
         if known_id and topic_id:
-            return find_reset(self.kafka_topic, known_ends(state.positions, state.topic_end), known_id, marks,
-                              topic_id, found_ms)
-        return find_reset(self.kafka_topic, known_ends(shared, state.positions, state.topic_end), None, marks, None,
-                          found_ms)
+            return find_reset(self.kafka_topic, ends, known_id, marks, topic_id, found_ms)
+        return find_reset(self.kafka_topic, known_ends(shared, ends), None, marks, None, found_ms)
 
     def _reset(self, state: SubscriptionState, pending: PendingReset) -> None:
         """(lock held) One subscription goes on from the new log. What it had not read of the old log is lost

@@ -210,6 +210,7 @@ class Topics:
             pipelines = {pipeline.kafka_topic: pipeline for pipeline in self.pipelines.values()}
         if not pipelines:
             return
+        seen = {topic: pipeline.frontier_copy() for topic, pipeline in pipelines.items()}  # before Kafka is asked
         found = topic_ids(self.context.client_config, list(pipelines))
         changed = [topic for topic, topic_id in found.items() if topic_id != pipelines[topic].topic_id]
         if not changed:
@@ -220,7 +221,7 @@ class Topics:
             log.info("topic ids changed for %s, but their offsets cannot be read now: %s", changed, short_error(error))
             return
         for topic in changed:
-            pipelines[topic].check_log(marks[topic], found[topic])
+            pipelines[topic].check_log(marks[topic], found[topic], seen=seen[topic])
 
     def _read_names(self) -> list[str]:
         """(lock held) The topics the current read reads (by topic name), that are still delivered."""
