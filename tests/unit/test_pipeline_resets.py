@@ -487,8 +487,8 @@ def test_a_joiner_bringing_the_first_id_is_checked_with_the_frontier_its_waterma
     resting = pipeline.remove(c.id)
     below_frontier = pipeline._below_frontier
 
-    def then_a_batch_ends(marks):
-        found = below_frontier(marks)
+    def then_a_batch_ends(*args):
+        found = below_frontier(*args)
         micro_batch(pipeline, 1, {0: (100, 110)}, [0])
         return found
     pipeline._below_frontier = then_a_batch_ends
@@ -514,4 +514,65 @@ def test_the_first_id_showing_a_new_log_holds_a_batch_in_flight_on_the_old_one(t
     pipeline.check_log({0: (0, 105)}, "X")
     pipeline.finish_batch(batch, lambda: [report(ranges, [0])])
     assert a.positions == {0: 0} and pipeline.frontier == {0: 100}
+    pipeline.context.writer.close(10.0)
+
+
+@pytest.mark.parametrize("topic_id, back_to", [("X", 170), (None, 0)], ids=["same-id", "no-ids"])
+def test_a_joiner_past_a_cut_log_goes_back_to_its_end_whatever_the_read_saw(tmp_path, topic_id, back_to):
+    """`c` rested at 200; the log was cut at 150 meanwhile and the read went on to 160, Kafka's end is now 170.
+    No micro-batch moved `c`, so its own position is not judged as of the frontier: 200 is past Kafka's end, it
+    goes back (else the new messages 170..199 would be skipped): to the cut's end with the same id, to the log's
+    start without ids (a new log, as far as the job can tell)."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 160)})
+    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
+    a.positions, c.positions = {0: 160}, {0: 160}
+    pipeline.check_log({0: (0, 160)}, topic_id)
+    micro_batch(pipeline, 0, {0: (160, 160)}, [0])
+    resting = pipeline.remove(c.id)
+    resting.positions = {0: 200}
+    pipeline.add(resting, {0: (0, 170)}, topic_id, seen={0: 160})
+    assert resting.positions == {0: back_to}
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_reset_judged_with_older_watermarks_records_all_the_old_log_it_knew(tmp_path):
+    """The periodic id check takes the frontier (100), then a micro-batch to 150 ends, then the new id is
+    handled: the reset is found by the id; `b`, catching up at 50, never read the old log's 50..149, and its
+    LOST row says so (not just 50..99, as far as the frontier the watermarks saw)."""
+    from herald.storage.tables import UNDELIVERED
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "b"), marks={0: (0, 100)})
+    a, b = (pipeline.states[f"{TOPIC}.{name}"] for name in "ab")
+    a.positions, b.positions = {0: 100}, {0: 100}
+    pipeline.check_log({0: (0, 100)}, "X")
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0, 1])
+    b.positions, b.catching_up = {0: 50}, True
+    seen = pipeline.frontier_copy()
+    micro_batch(pipeline, 1, {0: (100, 150)}, [0])
+    pipeline.check_log({0: (0, 5)}, "Y", seen=seen)
+    pipeline.context.writer.close(10.0)
+    rows = [r for r in pipeline.context.store.read(UNDELIVERED).to_pylist()
+            if r["ended_by"] == "reset" and r["subscription"] == b.id]
+    assert len(rows) == 1 and rows[0]["status"] == "LOST" and "offsets 50..149" in rows[0]["reason"]
+
+
+def test_a_joiners_watermarks_read_before_a_partition_was_added_do_not_take_it_for_gone(tmp_path):
+    """Partition 1 is added; the joiner's watermarks were read before it (they list partition 0 only), and a
+    micro-batch reading partition 1 ended before the joiner's check: the frontier had no partition 1 when they
+    were read, so it is not taken for one the topic no longer has."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
+    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
+    a.positions, c.positions = {0: 100}, {0: 100}
+    pipeline.check_log({0: (0, 100)}, None)
+    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    resting = pipeline.remove(c.id)
+    seen = pipeline.frontier_copy()
+    micro_batch(pipeline, 1, {0: (100, 100), 1: (0, 10)}, [0])
+    pipeline.add(resting, {0: (0, 100)}, None, seen=seen)
+    assert pipeline.frontier == {0: 100, 1: 10} and not pipeline.unlisted and not pipeline.cuts.get(1)
     pipeline.context.writer.close(10.0)

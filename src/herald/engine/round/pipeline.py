@@ -21,6 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from herald.config import Subscription
 from herald.config.model import Topic
@@ -94,13 +95,14 @@ class TopicPipeline:
         return [state.subscription for state in self.states.values()]
 
     def add(self, state: SubscriptionState, marks: dict[int, tuple[int, int]] | None = None,
-            topic_id: str | None = None) -> None:
+            topic_id: str | None = None, seen: dict[int, int] | None = None) -> None:
         """Deliver one more subscription. marks / topic_id: Kafka's offsets and id of the topic now, to see whether
         the log its positions are in went back while it was not delivered (`check_log`). When Kafka's log ends
         below the read's frontier (cut, not just past what `marks` saw), every subscription is checked, not the
-        joiner alone: once the frontier is lowered to the cut, no micro-batch would show it to the others."""
+        joiner alone: once the frontier is lowered to the cut, no micro-batch would show it to the others.
+        seen: the frontier before `marks` were read (`frontier_copy`; None: not taken)."""
         if marks is not None:
-            marks, cut, seen = self._below_frontier(marks)
+            marks, cut, seen = self._below_frontier(marks, seen)
             with self.lock:
                 states = list(self.states.values()) + [state] if cut else [state]
             self.check_log(marks, topic_id, states=states, seen=seen)
@@ -109,8 +111,8 @@ class TopicPipeline:
             state.topic_end = self.frontier or {}
             self.states[state.id] = state
 
-    def _below_frontier(self, marks: dict[int, tuple[int, int]]) -> tuple[dict[int, tuple[int, int]], bool,
-                                                                          dict[int, int]]:
+    def _below_frontier(self, marks: dict[int, tuple[int, int]], seen: dict[int, int] | None
+                        ) -> tuple[dict[int, tuple[int, int]], bool, dict[int, int]]:
         """(Kafka's watermarks to check a joiner with, whether Kafka's log ends below the read's frontier, the
         frontier they are to be compared with: `check_log`'s `seen`). When
         `marks` (read before) end a partition below the frontier, they are read again: `marks` alone cannot tell,
@@ -123,13 +125,14 @@ class TopicPipeline:
         def below(found) -> bool:
             return any(partition in frontier and high < frontier[partition] for partition, (_, high) in found.items())
 
+        before = frontier if seen is None else seen  # what `marks` may have seen of the frontier
         if not below(marks):
-            return marks, False, frontier
+            return marks, False, before
         try:
             now = self.kafka_marks()
         except Exception as error:  # noqa: BLE001 - see above
             log.info("%s: Kafka's offsets cannot be read again now (%s)", self.kafka_topic, error)
-            return {p: (low, max(high, frontier.get(p, high))) for p, (low, high) in marks.items()}, False, frontier
+            return {p: (low, max(high, frontier.get(p, high))) for p, (low, high) in marks.items()}, False, before
         return now, below(now), frontier
 
     def frontier_copy(self) -> dict[int, int]:
@@ -223,16 +226,17 @@ class TopicPipeline:
             states = list(self.states.values()) if states is None else states
             then = (self.frontier or {}) if seen is None else seen
 
-            def known(offsets: dict[int, int]) -> dict[int, int]:
-                """What `offsets` (a position, an end seen) say of the log as `marks` saw it: a micro-batch that
-                ended since they were read (`seen`) may have moved them past `marks`, in the same log."""
-                if seen is None:
+            def known(state: SubscriptionState, offsets: dict[int, int]) -> dict[int, int]:
+                """What `offsets` (a position, an end seen) of `state` say of the log as `marks` saw it: a
+                micro-batch that ended since they were read (`seen`) may have moved those of the read's
+                subscriptions past `marks`, in the same log (not a joiner's: no micro-batch moves it)."""
+                if seen is None or state.id not in self.states:
                     return offsets
                 return {p: min(offset, then[p]) if p in then else offset for p, offset in offsets.items()}
             # what the job knows of the log, for the subscriptions whose id says nothing
             unsure = [s for s in states if not ((s.topic_id or self.topic_id) and topic_id)]
-            shared = known_ends(then, read_at, *[known(s.positions) for s in unsure],
-                                *[known(s.topic_end) for s in unsure])
+            shared = known_ends(then, read_at, *[known(s, s.positions) for s in unsure],
+                                *[known(s, s.topic_end) for s in unsure])
             found = {state.id: self._reset_of(state, marks, topic_id, shared, found_ms, known) for state in states}
             resets = [reset for reset in found.values() if reset is not None]
             if resets:
@@ -299,16 +303,22 @@ class TopicPipeline:
             return self.frontier is not None and bool(went_back(ends, self.frontier))
 
     def _reset_of(self, state: SubscriptionState, marks, topic_id: str | None, shared: dict[int, int],
-                  found_ms: int, known: Callable[[dict[int, int]], dict[int, int]]) -> TopicReset | None:
+                  found_ms: int, known: Callable) -> TopicReset | None:
         """(lock held) The reset of one subscription's log, if any: by topic id when the id its positions are in
         (or, when its rows named none, the topic's as the job knew it) and the one Kafka gives now are known, else
         by Kafka's end offsets against all the job knows of the log (`shared`). `known`: its offsets as `marks`
-        can judge them (`check_log`)."""
+        can judge them (`check_log`): they tell whether there is a reset; how far the old log went (what it
+        lost) is all it knows."""
         known_id = state.topic_id or self.topic_id
-        ends = known_ends(known(state.positions), known(state.topic_end))
-        if known_id and topic_id:
-            return find_reset(self.kafka_topic, ends, known_id, marks, topic_id, found_ms)
-        return find_reset(self.kafka_topic, known_ends(shared, ends), None, marks, None, found_ms)
+        judged = known_ends(known(state, state.positions), known(state, state.topic_end))
+        ends = known_ends(state.positions, state.topic_end)
+        if not (known_id and topic_id):
+            judged, ends, known_id, topic_id = known_ends(shared, judged), known_ends(shared, ends), None, None
+        reset = find_reset(self.kafka_topic, judged, known_id, marks, topic_id, found_ms)
+        if reset is None or judged == ends:
+            return reset
+        full = find_reset(self.kafka_topic, ends, known_id, marks, topic_id, found_ms)
+        return replace(reset, partitions={p: full.partitions[p] for p in reset.partitions})
 
     def _reset(self, state: SubscriptionState, pending: PendingReset) -> None:
         """(lock held) One subscription goes on from the new log. What it had not read of the old log is lost

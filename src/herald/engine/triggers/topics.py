@@ -375,6 +375,7 @@ class Topics:
                    if name in self.pipelines and config.topics.get(name) == self.pipelines[name].topic}
         try:  # what needs Kafka first: when it fails, nothing has changed and the watcher tries again
             kafka_topics = sorted({self.pipelines[name].kafka_topic for name, joiners in joining.items() if joiners})
+            seen = {name: self.pipelines[name].frontier_copy() for name, joiners in joining.items() if joiners}
             marks = partition_watermarks(self.context.client_config, kafka_topics) if kafka_topics else {}
             kafka_ids = topic_ids(self.context.client_config, kafka_topics)
             joiners = {s.id: self._state(s, self.pipelines[name].kafka_topic, marks[self.pipelines[name].kafka_topic])
@@ -414,7 +415,7 @@ class Topics:
                 else:
                     self.book.joined(joiners[subscription.id])
                     pipeline.add(joiners[subscription.id], marks[pipeline.kafka_topic],
-                                 kafka_ids.get(pipeline.kafka_topic))
+                                 kafka_ids.get(pipeline.kafka_topic), seen=seen.get(topic_name))
                     log.info("%s: now delivered", subscription.id)
 
     def _delivered(self, subscription_id: str) -> bool:
