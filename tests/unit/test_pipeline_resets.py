@@ -576,3 +576,27 @@ def test_a_joiners_watermarks_read_before_a_partition_was_added_do_not_take_it_f
     pipeline.add(resting, {0: (0, 100)}, None, seen=seen)
     assert pipeline.frontier == {0: 100, 1: 10} and not pipeline.unlisted and not pipeline.cuts.get(1)
     pipeline.context.writer.close(10.0)
+
+
+@pytest.mark.parametrize("via", ["periodic-first-id", "joiner-first-id"])
+def test_a_subscription_ahead_of_the_frontier_past_a_cut_log_goes_back(tmp_path, via):
+    """`c` is delivered by the read but is at 210, ahead of the frontier (160): a `latest` subscription placed at
+    Kafka's end before the next micro-batch, or moved. Kafka's log now ends at 170. No micro-batch moved `c` past
+    the watermarks, so its position is judged as it is: past the log's end, it goes back (else it skips
+    170..209)."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=1, names=("a", "c", "d"), marks={0: (0, 160)})
+    a, c, d = (pipeline.states[f"{TOPIC}.{name}"] for name in "acd")
+    a.positions, c.positions, d.positions = {0: 160}, {0: 160}, {0: 160}
+    pipeline.check_log({0: (0, 160)}, None)
+    micro_batch(pipeline, 0, {0: (160, 160)}, [0, 1, 2])
+    resting = pipeline.remove(d.id)
+    c.positions = {0: 210}
+    seen = pipeline.frontier_copy()
+    if via == "periodic-first-id":
+        pipeline.check_log({0: (0, 170)}, "X", seen=seen)
+    else:
+        pipeline.add(resting, {0: (0, 170)}, "X", seen=seen)
+    assert c.positions[0] <= 170
+    pipeline.context.writer.close(10.0)

@@ -226,13 +226,18 @@ class TopicPipeline:
             states = list(self.states.values()) if states is None else states
             then = (self.frontier or {}) if seen is None else seen
 
+            now = self.frontier or {}
+
             def known(state: SubscriptionState, offsets: dict[int, int]) -> dict[int, int]:
                 """What `offsets` (a position, an end seen) of `state` say of the log as `marks` saw it: a
                 micro-batch that ended since they were read (`seen`) may have moved those of the read's
-                subscriptions past `marks`, in the same log (not a joiner's: no micro-batch moves it)."""
+                subscriptions past `marks`, in the same log, up to its end (the frontier now): those are taken
+                as of `seen`. A joiner's, or one past the frontier (joined at Kafka's end, moved), no
+                micro-batch moved: as they are."""
                 if seen is None or state.id not in self.states:
                     return offsets
-                return {p: min(offset, then[p]) if p in then else offset for p, offset in offsets.items()}
+                return {p: min(offset, then[p]) if p in then and offset <= now.get(p, -1) else offset
+                        for p, offset in offsets.items()}
             # what the job knows of the log, for the subscriptions whose id says nothing
             unsure = [s for s in states if not ((s.topic_id or self.topic_id) and topic_id)]
             shared = known_ends(then, read_at, *[known(s, s.positions) for s in unsure],
