@@ -199,6 +199,7 @@ def test_a_topic_created_again_with_fewer_partitions_resets_the_one_it_lost_and_
 
     micro_batch(pipeline, 1, {0: (4, 4)}, [0, 1])
     assert pipeline.frontier == {0: 4}
+    pipeline.kafka_marks = lambda: {0: (0, 4), 1: (0, 15)}  # added again
     assert pipeline.listed({0: (4, 4), 1: (10, 15)}) == {0: (4, 4), 1: (10, 15)}, "added again, with messages"
     assert pipeline.listed({0: (4, 4), 1: (10, 10)}) == {0: (4, 4), 1: (10, 10)}, "back for good"
     pipeline.context.writer.close(10.0)
@@ -599,4 +600,28 @@ def test_a_subscription_ahead_of_the_frontier_past_a_cut_log_goes_back(tmp_path,
     else:
         pipeline.add(resting, {0: (0, 170)}, "X", seen=seen)
     assert c.positions[0] <= 170
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_range_of_the_old_log_planned_before_the_reset_keeps_a_lost_partition_out(tmp_path):
+    """Spark planned a micro-batch with partition 1's old log 10..12; the topic is found created again without
+    partition 1 before the batch is delivered. That range, and the empty ones at 12 after it, stay out of the
+    read (else its frontier would come back at 12 and every subscription wait behind it for a partition Kafka
+    does not have); the source's go-back to the start of partition 1 added again brings it in."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
+    (a,) = pipeline.states.values()
+    a.positions = {0: 10, 1: 10}
+    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
+    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    pipeline.check_log({0: (0, 4)}, "new-id")
+    pipeline.kafka_marks = lambda: {0: (0, 4)}
+    ranges = pipeline.listed({0: (10, 10), 1: (10, 12)})
+    assert ranges == {0: (10, 10)}
+    micro_batch(pipeline, 1, ranges, [0])
+    assert pipeline.listed({0: (4, 4), 1: (12, 12)}) == {0: (4, 4)}
+    assert 1 not in (pipeline.frontier or {}) and a.positions[1] == 0
+    pipeline.kafka_marks = lambda: {0: (0, 4), 1: (0, 3)}  # added again
+    assert pipeline.listed({0: (4, 4), 1: (0, 0)}) == {0: (4, 4), 1: (0, 0)}
     pipeline.context.writer.close(10.0)

@@ -287,15 +287,27 @@ class TopicPipeline:
 
     def listed(self, ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
         """A micro-batch's `ranges` of the topic without the partitions Kafka stopped listing (`check_log`): a
-        source that keeps them (Herald's Python source) gives them an empty range at the end it had, which is in
-        the old log. A partition is back in with the first range that is not that one (added again: from its
-        start)."""
+        source that keeps one (Herald's Python source) gives it empty ranges at the end it had, and a batch Spark
+        planned before the topic was created again may hold a range of its old log. Those are left out (the end
+        they reach remembered), and any other range of such a partition is taken only once Kafka lists it again
+        (added again: its new log, read from its start); Kafka is asked then, outside the lock."""
         with self.lock:
             if not self.unlisted:
                 return ranges
+            doubtful = [p for p, (start, end) in ranges.items()
+                        if p in self.unlisted and not start == end == self.unlisted[p]]
+        listed_now: set[int] = set()
+        if doubtful:
+            try:
+                listed_now = set(self.kafka_marks())
+            except Exception as error:  # noqa: BLE001 - left out this time: asked again at its next range
+                log.info("%s: whether Kafka lists partition(s) %s again cannot be told now (%s)", self.kafka_topic,
+                         doubtful, error)
+        with self.lock:
             kept = {}
             for partition, (start, end) in ranges.items():
-                if start == end == self.unlisted.get(partition):
+                if partition in self.unlisted and partition not in listed_now:
+                    self.unlisted[partition] = end
                     continue
                 self.unlisted.pop(partition, None)
                 kept[partition] = (start, end)
