@@ -625,3 +625,50 @@ def test_a_range_of_the_old_log_planned_before_the_reset_keeps_a_lost_partition_
     pipeline.kafka_marks = lambda: {0: (0, 4), 1: (0, 3)}  # added again
     assert pipeline.listed({0: (4, 4), 1: (0, 0)}) == {0: (4, 4), 1: (0, 0)}
     pipeline.context.writer.close(10.0)
+
+
+def test_a_partition_added_again_while_kafka_cannot_be_asked_is_taken_at_its_next_range(tmp_path):
+    """The lost partition is added again (Spark's source reads it from 0 to 5) when Kafka cannot be asked: its
+    range is left out this time, but the end remembered stays the old log's, so its next range, even an empty
+    one at 5 (a quiet partition), is asked about again and brings it in: the subscriptions, at 0 there, catch up
+    on 0..5."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
+    (a,) = pipeline.states.values()
+    a.positions = {0: 10, 1: 10}
+    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
+    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    pipeline.check_log({0: (0, 4)}, "new-id")
+
+    def unreachable():
+        raise RuntimeError("Kafka cannot be reached")
+    pipeline.kafka_marks = unreachable
+    assert pipeline.listed({0: (4, 4), 1: (0, 5)}) == {0: (4, 4)}
+    pipeline.kafka_marks = lambda: {0: (0, 4), 1: (0, 5)}
+    ranges = pipeline.listed({0: (4, 4), 1: (5, 5)})
+    assert ranges == {0: (4, 4), 1: (5, 5)}
+    micro_batch(pipeline, 1, ranges, [0])
+    micro_batch(pipeline, 2, {0: (4, 4), 1: (5, 5)}, [0])
+    assert pipeline.frontier[1] == 5 and a.positions[1] == 0 and a.catching_up
+    pipeline.context.writer.close(10.0)
+
+
+def test_a_partition_added_again_that_kafkas_answer_does_not_show_yet_is_asked_about_again(tmp_path):
+    """Spark's source reads the lost partition added again from 0, but the answer Herald gets does not list it
+    yet (metadata a moment behind): its range, which went back below the old end, is left out this time, and
+    asked about again at the next one, even an empty one."""
+    from tests.support.rounds import micro_batch
+
+    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
+    (a,) = pipeline.states.values()
+    a.positions = {0: 10, 1: 10}
+    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
+    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    pipeline.check_log({0: (0, 4)}, "new-id")
+    assert pipeline.unlisted == {1: 10}
+    pipeline.kafka_marks = lambda: {0: (0, 4)}
+    assert pipeline.listed({0: (4, 4), 1: (0, 5)}) == {0: (4, 4)}
+    pipeline.kafka_marks = lambda: {0: (0, 4), 1: (0, 5)}
+    assert pipeline.listed({0: (4, 4), 1: (5, 5)}) == {0: (4, 4), 1: (5, 5)}
+    pipeline.context.writer.close(10.0)

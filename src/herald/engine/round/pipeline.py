@@ -297,18 +297,21 @@ class TopicPipeline:
             doubtful = [p for p, (start, end) in ranges.items()
                         if p in self.unlisted and not start == end == self.unlisted[p]]
         listed_now: set[int] = set()
+        answered = True
         if doubtful:
             try:
                 listed_now = set(self.kafka_marks())
             except Exception as error:  # noqa: BLE001 - left out this time: asked again at its next range
+                answered = False
                 log.info("%s: whether Kafka lists partition(s) %s again cannot be told now (%s)", self.kafka_topic,
                          doubtful, error)
         with self.lock:
             kept = {}
             for partition, (start, end) in ranges.items():
                 if partition in self.unlisted and partition not in listed_now:
-                    self.unlisted[partition] = end
-                    continue
+                    if answered and start >= self.unlisted[partition]:  # the old log's: its next ranges go on from
+                        self.unlisted[partition] = end  # there (one that went back, a new log Kafka's answer may
+                    continue  # not show yet, and one Kafka was not asked about, are asked about again)
                 self.unlisted.pop(partition, None)
                 kept[partition] = (start, end)
             return kept
