@@ -128,22 +128,13 @@ def _consume_range(consumer, topic: str, partition: int, start: int, end: int, f
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                            timeout=fetch_timeout_s)
                 if position >= high:  # the log went back below the range (the topic created again, or its log cut)
-                    message_text = (
-                        f"{where}: the partition's log ends at {high}, before offset {position} of the planned range "
-                        f"[{start}, {end}) (was the topic deleted and created again?)"
-                    )
-                    if fail_on_data_loss:
-                        raise DataLossError(f"{message_text}. Set failOnDataLoss=false to skip lost records and go on.")
-                    log.warning("%s. The read of the range ends here because failOnDataLoss=false.", message_text)
+                    _data_lost(f"{where}: the partition's log ends at {high}, before offset {position} of the planned "
+                               f"range [{start}, {end}) (was the topic deleted and created again?)", fail_on_data_loss,
+                               "The read of the range ends here")
                     position = end
                     break
-                message_text = (
-                    f"{where}: offsets from {position} were deleted before they were read "
-                    f"(low watermark now {low}, planned range [{start}, {end}))"
-                )
-                if fail_on_data_loss:
-                    raise DataLossError(f"{message_text}. Set failOnDataLoss=false to skip lost records and go on.")
-                log.warning("%s. Going on because failOnDataLoss=false.", message_text)
+                _data_lost(f"{where}: offsets from {position} were deleted before they were read (low watermark now "
+                           f"{low}, planned range [{start}, {end}))", fail_on_data_loss, "Going on")
                 position = max(position, low)
                 if position < end:
                     consumer.assign([TopicPartition(topic, partition, position)])
@@ -158,6 +149,14 @@ def _consume_range(consumer, topic: str, partition: int, start: int, end: int, f
             deadline = time.monotonic() + fetch_timeout_s
     if builder.rows:
         yield builder.flush()
+
+
+def _data_lost(message_text: str, fail_on_data_loss: bool, then: str) -> None:
+    """Records planned for reading are not in Kafka: DataLossError with failOnDataLoss, else a warning saying
+    what the read does `then`."""
+    if fail_on_data_loss:
+        raise DataLossError(f"{message_text}. Set failOnDataLoss=false to skip lost records and go on.")
+    log.warning("%s. %s because failOnDataLoss=false.", message_text, then)
 
 
 class _BatchBuilder:
