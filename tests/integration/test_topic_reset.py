@@ -39,6 +39,17 @@ def _created(kafka_broker, topic: str, partitions: int) -> bool:
         return False
 
 
+def _two_partitions_of_ten(kafka_broker, spark, topic: str, tmp_path, connector: str, sub):
+    """`topic` with two partitions of 10 messages each ("i" 0..19) and one subscription, `a`, delivering to
+    `sub` with `connector`: its herald.yaml."""
+    if connector == "spark":
+        require_jars(spark, SPARK_KAFKA_CLASS)
+    kafka_broker.create_topics({topic: 2})
+    produce_to(kafka_broker.bootstrap_servers, topic, [(i % 2, {"i": i}) for i in range(20)])
+    return write_conf(tmp_path, kafka_broker.bootstrap_servers, topic, {"a": {"endpoint": f"{sub.url}/a"}},
+                      settings={"kafka": {"connector": connector}})
+
+
 @pytest.mark.parametrize("new_messages", [10, 30], ids=["fewer-than-before", "more-than-before"])
 def test_a_topic_created_again_between_runs_is_delivered_from_its_new_start(kafka_broker, spark, topic_name, tmp_path,
                                                                           new_messages):
@@ -82,14 +93,9 @@ def test_a_topic_created_again_with_fewer_partitions_then_grown_loses_nothing_of
     """Two partitions, 10 messages each, delivered; the topic created again with one partition, then grown back to
     two: partition 1 is a new log that starts at 0. Its old position (10) goes to 0 when the reset is found (it
     would skip the new partition's first 10 messages as done), and that reset is recorded too."""
-    if connector == "spark":
-        require_jars(spark, SPARK_KAFKA_CLASS)
     bootstrap = kafka_broker.bootstrap_servers
-    kafka_broker.create_topics({topic_name: 2})
-    produce_to(bootstrap, topic_name, [(i % 2, {"i": i}) for i in range(20)])
     with ScriptedSubscriber() as sub:
-        conf = write_conf(tmp_path, bootstrap, topic_name, {"a": {"endpoint": f"{sub.url}/a"}},
-                          settings={"kafka": {"connector": connector}})
+        conf = _two_partitions_of_ten(kafka_broker, spark, topic_name, tmp_path, connector, sub)
         _run_once(conf, spark)
         assert received(sub, "/a") == list(range(20))
 
@@ -120,14 +126,9 @@ def test_a_topic_created_again_with_fewer_partitions_while_the_job_runs_then_gro
     """The same while `herald run` runs: the read fails while the topic is gone and starts again when it is back
     with one partition; partition 1, added again later, is delivered from its offset 0 (by the read or by
     catch-up), and the partition the new topic lacked never stalls the other."""
-    if connector == "spark":
-        require_jars(spark, SPARK_KAFKA_CLASS)
     bootstrap = kafka_broker.bootstrap_servers
-    kafka_broker.create_topics({topic_name: 2})
-    produce_to(bootstrap, topic_name, [(i % 2, {"i": i}) for i in range(20)])
     with ScriptedSubscriber() as sub:
-        conf = write_conf(tmp_path, bootstrap, topic_name, {"a": {"endpoint": f"{sub.url}/a"}},
-                          settings={"kafka": {"connector": connector}})
+        conf = _two_partitions_of_ten(kafka_broker, spark, topic_name, tmp_path, connector, sub)
         with RunningHerald(conf, spark) as running:
             assert wait_until(lambda: received(sub, "/a") == list(range(20)), 90), received(sub, "/a")
             _recreate(kafka_broker, topic_name, 1)

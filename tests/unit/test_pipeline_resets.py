@@ -9,6 +9,23 @@ import pytest
 from tests.support.rounds import TOPIC, job
 
 
+def _delivered_to(tmp_path, offset: int, topic_id: str | None, names=("a",), partitions: int = 1):
+    """A topic of `partitions` partitions, each holding offsets 0..`offset`-1, all read and delivered to the
+    subscriptions `names` (the read's frontier at `offset` after a first micro-batch), the job knowing
+    `topic_id` (None: Kafka gives none): the pipeline and the states, in the order of `names`."""
+    from tests.support.rounds import micro_batch
+
+    marks = {partition: (0, offset) for partition in range(partitions)}
+    pipeline = job(tmp_path, partitions=partitions, names=names, marks=marks)
+    states = [pipeline.states[f"{TOPIC}.{name}"] for name in names]
+    for state in states:
+        state.positions = dict.fromkeys(range(partitions), offset)
+    pipeline.check_log(marks, topic_id)
+    micro_batch(pipeline, 0, {partition: (offset, offset) for partition in range(partitions)},
+                list(range(len(names))))
+    return pipeline, states
+
+
 def test_a_subscription_suspended_before_its_topic_was_created_again_starts_over_when_it_comes_back(tmp_path):
     """`a` joined while Kafka gave no topic id, so its state names none; `b` taught the job the id. `a` rests
     (suspended), the topic is created again, `b` goes on in the new log and the job learns the new id. When `a`
@@ -185,12 +202,7 @@ def test_a_topic_created_again_with_fewer_partitions_resets_the_one_it_lost_and_
     from herald.storage.tables import OFFSETS, UNDELIVERED
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=2, names=("a", "b"), marks={0: (0, 10), 1: (0, 10)})
-    a, b = (pipeline.states[f"{TOPIC}.{name}"] for name in "ab")
-    for state in (a, b):
-        state.positions = {0: 10, 1: 10}
-    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
-    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0, 1])
+    pipeline, (a, b) = _delivered_to(tmp_path, 10, "old-id", names=("a", "b"), partitions=2)
 
     pipeline.check_log({0: (0, 4)}, "new-id")
     assert a.positions == b.positions == {0: 0, 1: 0}
@@ -236,14 +248,7 @@ def test_a_cut_log_found_by_a_joiner_resets_every_subscription_of_the_topic(tmp_
     micro-batch shows it. Its check lowers the read's frontier to the cut, so no micro-batch would ever end below
     the frontier for the others: they must be checked now too, or they would skip the cut log's new offsets
     95..99 as read. Kafka's watermarks are read again first (those given were read before the joiner came)."""
-    from tests.support.rounds import micro_batch
-
-    pipeline = job(tmp_path, partitions=1, names=("a", "b", "c"), marks={0: (0, 100)})
-    a, b, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "abc")
-    for state in (a, b, c):
-        state.positions = {0: 100}
-    pipeline.check_log({0: (0, 100)}, "id")
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a, b, c) = _delivered_to(tmp_path, 100, "id", names=("a", "b", "c"))
     resting = pipeline.remove(c.id)
 
     pipeline.kafka_marks = lambda: {0: (0, 95)}
@@ -258,11 +263,7 @@ def test_a_joiners_watermarks_read_before_a_micro_batch_ended_are_not_taken_for_
     log ends at 112, so nothing was cut: no one is reset and the frontier stays at the batch's end."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
-    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
-    a.positions, c.positions = {0: 100}, {0: 100}
-    pipeline.check_log({0: (0, 100)}, "id")
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a, c) = _delivered_to(tmp_path, 100, "id", names=("a", "c"))
     resting = pipeline.remove(c.id)
     micro_batch(pipeline, 1, {0: (100, 110)}, [0])
     assert a.positions == {0: 110}
@@ -280,13 +281,9 @@ def test_a_joiners_watermarks_read_before_a_micro_batch_ended_are_not_taken_for_
 def _fewer_partitions_mid_batch(tmp_path):
     """Partitions 0 and 1 at 10; a micro-batch reading partition 1 to 12 is delivered when the topic is found
     created again with partition 0 only."""
-    from tests.support.rounds import micro_batch, report
+    from tests.support.rounds import report
 
-    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 10, 1: 10}
-    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
-    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 10, "old-id", partitions=2)
     ranges = {0: (10, 10), 1: (10, 12)}
     batch = pipeline.begin_batch(1, ranges, f"stream:{TOPIC}", tasks=1, may_replay=False)
     pipeline.check_log({0: (0, 4)}, "new-id")
@@ -326,11 +323,7 @@ def test_a_micro_batch_planned_before_a_reset_and_delivered_after_it_leaves_the_
     ends be taken for a cut (false LOST rows). The micro-batch after that moves it again."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (0, 10)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 10}
-    pipeline.check_log({0: (0, 10)}, "old-id")
-    micro_batch(pipeline, 0, {0: (10, 10)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 10, "old-id")
     ranges = pipeline.listed({0: (10, 12)})
     pipeline.check_log({0: (0, 4)}, "new-id")
     micro_batch(pipeline, 1, ranges, [0])
@@ -346,13 +339,8 @@ def test_the_frontier_held_after_a_reset_moves_to_where_the_read_is_without_a_ne
     at 4 while the read goes on from 10: on a quiet topic, offsets 4..9 would wait for the next message. Kafka's
     end read after the batch (10) moves it to the batch's end."""
     from herald.engine.triggers.checkpoint import ranges_between
-    from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (0, 100)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 100}
-    pipeline.check_log({0: (0, 100)}, "old-id")
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 100, "old-id")
     pipeline.check_log({0: (0, 4)}, "new-id")
     pipeline.passed(pipeline.listed(ranges_between({0: 10}, {0: 100}, None)))
     assert pipeline.frontier == {0: 4}, "held: Spark may have planned it on the old log"
@@ -367,11 +355,7 @@ def test_a_held_old_log_end_moves_no_further_than_kafkas_end(tmp_path):
     after it: the frontier goes to 6, not 110 (the read goes back to the new log's end)."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (0, 100)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 100}
-    pipeline.check_log({0: (0, 100)}, "old-id")
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 100, "old-id")
     ranges = {0: (100, 110)}
     pipeline.check_log({0: (0, 4)}, "new-id")
     micro_batch(pipeline, 1, ranges, [0])
@@ -386,11 +370,7 @@ def test_a_joiners_stale_watermarks_do_not_lower_the_frontier_when_kafka_cannot_
     asked again: they say nothing of the frontier, which stays (lowered, the next micro-batch would be held too)."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
-    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
-    a.positions, c.positions = {0: 100}, {0: 100}
-    pipeline.check_log({0: (0, 100)}, "id")
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a, c) = _delivered_to(tmp_path, 100, "id", names=("a", "c"))
     resting = pipeline.remove(c.id)
     micro_batch(pipeline, 1, {0: (100, 110)}, [0])
 
@@ -412,11 +392,7 @@ def test_a_cut_found_after_new_messages_landed_past_the_cut_delivers_them(tmp_pa
     next micro-batch's ends (108) show it."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a",), marks={0: (0, 100)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 100}
-    pipeline.check_log({0: (0, 100)}, "id")
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 100, "id")
     micro_batch(pipeline, 1, {0: (100, 110)}, [0])
     assert pipeline.went_back({0: 108})
     pipeline.check_log({0: (0, 108)}, "id")
@@ -453,11 +429,7 @@ def test_a_joiner_without_ids_is_not_reset_by_a_frontier_newer_than_its_watermar
     delivered again). With the first id the job learns (every subscription checked), the same for the others."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
-    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
-    a.positions, c.positions = {0: 100}, {0: 100}
-    pipeline.check_log({0: (0, 100)}, None)
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a, c) = _delivered_to(tmp_path, 100, None, names=("a", "c"))
     resting = pipeline.remove(c.id)
     micro_batch(pipeline, 1, {0: (100, 110)}, [0])
 
@@ -480,11 +452,7 @@ def test_a_joiner_bringing_the_first_id_is_checked_with_the_frontier_its_waterma
     against the frontier the watermarks saw, so nothing went back: no reset, the frontier stays at 110."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
-    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
-    a.positions, c.positions = {0: 100}, {0: 100}
-    pipeline.check_log({0: (0, 100)}, None)
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a, c) = _delivered_to(tmp_path, 100, None, names=("a", "c"))
     resting = pipeline.remove(c.id)
     below_frontier = pipeline._below_frontier
 
@@ -545,11 +513,7 @@ def test_a_reset_judged_with_older_watermarks_records_all_the_old_log_it_knew(tm
     from herald.storage.tables import UNDELIVERED
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a", "b"), marks={0: (0, 100)})
-    a, b = (pipeline.states[f"{TOPIC}.{name}"] for name in "ab")
-    a.positions, b.positions = {0: 100}, {0: 100}
-    pipeline.check_log({0: (0, 100)}, "X")
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0, 1])
+    pipeline, (a, b) = _delivered_to(tmp_path, 100, "X", names=("a", "b"))
     b.positions, b.catching_up = {0: 50}, True
     seen = pipeline.frontier_copy()
     micro_batch(pipeline, 1, {0: (100, 150)}, [0])
@@ -566,11 +530,7 @@ def test_a_joiners_watermarks_read_before_a_partition_was_added_do_not_take_it_f
     were read, so it is not taken for one the topic no longer has."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=1, names=("a", "c"), marks={0: (0, 100)})
-    a, c = (pipeline.states[f"{TOPIC}.{name}"] for name in "ac")
-    a.positions, c.positions = {0: 100}, {0: 100}
-    pipeline.check_log({0: (0, 100)}, None)
-    micro_batch(pipeline, 0, {0: (100, 100)}, [0])
+    pipeline, (a, c) = _delivered_to(tmp_path, 100, None, names=("a", "c"))
     resting = pipeline.remove(c.id)
     seen = pipeline.frontier_copy()
     micro_batch(pipeline, 1, {0: (100, 100), 1: (0, 10)}, [0])
@@ -585,13 +545,7 @@ def test_a_subscription_ahead_of_the_frontier_past_a_cut_log_goes_back(tmp_path,
     Kafka's end before the next micro-batch, or moved. Kafka's log now ends at 170. No micro-batch moved `c` past
     the watermarks, so its position is judged as it is: past the log's end, it goes back (else it skips
     170..209)."""
-    from tests.support.rounds import micro_batch
-
-    pipeline = job(tmp_path, partitions=1, names=("a", "c", "d"), marks={0: (0, 160)})
-    a, c, d = (pipeline.states[f"{TOPIC}.{name}"] for name in "acd")
-    a.positions, c.positions, d.positions = {0: 160}, {0: 160}, {0: 160}
-    pipeline.check_log({0: (0, 160)}, None)
-    micro_batch(pipeline, 0, {0: (160, 160)}, [0, 1, 2])
+    pipeline, (a, c, d) = _delivered_to(tmp_path, 160, None, names=("a", "c", "d"))
     resting = pipeline.remove(d.id)
     c.positions = {0: 210}
     seen = pipeline.frontier_copy()
@@ -610,11 +564,7 @@ def test_a_range_of_the_old_log_planned_before_the_reset_keeps_a_lost_partition_
     does not have); the source's go-back to the start of partition 1 added again brings it in."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 10, 1: 10}
-    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
-    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 10, "old-id", partitions=2)
     pipeline.check_log({0: (0, 4)}, "new-id")
     pipeline.kafka_marks = lambda: {0: (0, 4)}
     ranges = pipeline.listed({0: (10, 10), 1: (10, 12)})
@@ -634,11 +584,7 @@ def test_a_partition_added_again_while_kafka_cannot_be_asked_is_taken_at_its_nex
     on 0..5."""
     from tests.support.rounds import micro_batch
 
-    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 10, 1: 10}
-    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
-    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 10, "old-id", partitions=2)
     pipeline.check_log({0: (0, 4)}, "new-id")
 
     def unreachable():
@@ -658,13 +604,7 @@ def test_a_partition_added_again_that_kafkas_answer_does_not_show_yet_is_asked_a
     """Spark's source reads the lost partition added again from 0, but the answer Herald gets does not list it
     yet (metadata a moment behind): its range, which went back below the old end, is left out this time, and
     asked about again at the next one, even an empty one."""
-    from tests.support.rounds import micro_batch
-
-    pipeline = job(tmp_path, partitions=2, names=("a",), marks={0: (0, 10), 1: (0, 10)})
-    (a,) = pipeline.states.values()
-    a.positions = {0: 10, 1: 10}
-    pipeline.check_log({0: (0, 10), 1: (0, 10)}, "old-id")
-    micro_batch(pipeline, 0, {0: (10, 10), 1: (10, 10)}, [0])
+    pipeline, (a,) = _delivered_to(tmp_path, 10, "old-id", partitions=2)
     pipeline.check_log({0: (0, 4)}, "new-id")
     assert pipeline.unlisted == {1: 10}
     pipeline.kafka_marks = lambda: {0: (0, 4)}
